@@ -1,0 +1,24 @@
+"""outbox: carry out a product's effects on the outside world as reliably as the database that records them."""
+
+from outbox.action import Action
+from outbox.enqueue import admit, enqueue, enqueue_async, refuse
+from outbox.errors import ActionNotFound, InvalidRequest, OutboxError, TransitionRefused
+from outbox.kinds import ActionKind
+from outbox.requests import ActionRequest
+from outbox.states import ActionState, StopReason
+
+__all__ = [
+    "Action",
+    "ActionKind",
+    "ActionNotFound",
+    "ActionRequest",
+    "ActionState",
+    "InvalidRequest",
+    "OutboxError",
+    "StopReason",
+    "TransitionRefused",
+    "admit",
+    "enqueue",
+    "enqueue_async",
+    "refuse",
+]

@@ -1,0 +1,42 @@
+"""Action: one row of `agent_action` as callers read it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import RowMapping
+
+from outbox.states import ActionState, StopReason
+
+
+@dataclass(frozen=True)
+class Action:
+    id: int
+    kind: str
+    workspace_id: int | None
+    lane_key: str
+    idempotency_key: str
+    payload: Any
+    subject_account_id: int | None
+    max_attempts: int
+    expires_at: datetime | None
+    state: ActionState
+    attempt: int
+    epoch: int
+    due_at: datetime
+    lease_expires_at: datetime | None
+    write_started_at: datetime | None
+    stop_reason: StopReason | None
+    readback_ref: str | None
+    created_at: datetime
+    ended_at: datetime | None
+
+    @classmethod
+    def from_row(cls, row: RowMapping) -> Action:
+        values = {f.name: row[f.name] for f in fields(cls)}
+        values["state"] = ActionState(values["state"])
+        if values["stop_reason"] is not None:
+            values["stop_reason"] = StopReason(values["stop_reason"])
+        return cls(**values)
