@@ -1,4 +1,7 @@
-"""outbox: carry out a product's effects on the outside world as reliably as the database that records them."""
+"""outbox: carry out a product's effects on the outside world as reliably as the database that records them.
+
+The public API, re-exported; nothing else.
+"""
 
 from outbox.action import Action
 from outbox.enqueue import admit, enqueue, enqueue_async, refuse

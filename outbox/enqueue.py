@@ -24,7 +24,6 @@ from outbox.action import Action
 from outbox.errors import ActionNotFound, InvalidRequest, TransitionRefused
 from outbox.requests import ActionRequest, ValidRequest, validate
 
-
 SyncConnection = Connection | Session
 AsyncConn = AsyncConnection | AsyncSession
 
@@ -46,7 +45,8 @@ def _insert_params(valid: ValidRequest) -> dict[str, Any]:
 def _check_not_expired(valid: ValidRequest, database_now: datetime) -> None:
     if valid.expires_at is not None and valid.expires_at <= database_now:
         raise InvalidRequest(
-            "expires_at", f"{valid.expires_at.isoformat()} has already passed (database clock {database_now.isoformat()})"
+            "expires_at",
+            f"{valid.expires_at.isoformat()} has already passed (database clock {database_now.isoformat()})",
         )
 
 

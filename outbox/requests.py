@@ -69,10 +69,13 @@ def validate(request: ActionRequest) -> ValidRequest:
         or isinstance(request.max_attempts, bool)
         or request.max_attempts < 1
     ):
-        raise InvalidRequest("max_attempts", f"must be an integer of at least 1, not {request.max_attempts!r}")
-    if request.expires_at is not None:
-        if not isinstance(request.expires_at, datetime) or request.expires_at.tzinfo is None:
-            raise InvalidRequest("expires_at", "must be a timezone-aware datetime")
+        raise InvalidRequest(
+            "max_attempts", f"must be an integer of at least 1, not {request.max_attempts!r}"
+        )
+    if request.expires_at is not None and (
+        not isinstance(request.expires_at, datetime) or request.expires_at.tzinfo is None
+    ):
+        raise InvalidRequest("expires_at", "must be a timezone-aware datetime")
     return ValidRequest(
         kind=kind,
         lane_key=request.lane_key,

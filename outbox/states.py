@@ -27,9 +27,7 @@ class ActionState(enum.StrEnum):
         return target in TRANSITIONS[self]
 
 
-ENDED_STATES = frozenset(
-    {ActionState.DONE, ActionState.UNCERTAIN, ActionState.FAILED, ActionState.CANCELLED}
-)
+ENDED_STATES = frozenset({ActionState.DONE, ActionState.UNCERTAIN, ActionState.FAILED, ActionState.CANCELLED})
 PENDING_STATES = frozenset({ActionState.PROPOSED, ActionState.ADMITTED})
 
 TRANSITIONS: dict[ActionState, frozenset[ActionState]] = {

@@ -76,9 +76,7 @@ def install_kinds(conn: Connection, kinds: Iterable[ActionKind] | None = None) -
             f" AND (workspace_id IS NULL OR kind = ANY ({workspace})))"
         )
     )
-    definition = conn.execute(
-        text("SELECT pg_get_functiondef('guard_agent_action'::regproc)")
-    ).scalar_one()
+    definition = conn.execute(text("SELECT pg_get_functiondef('guard_agent_action'::regproc)")).scalar_one()
     at_most_once = _array(k.name for k in chosen if k.at_most_once)
     rewritten, count = _GUARD_LIST.subn(lambda m: f"{m.group(1)}{at_most_once};", definition)
     if count != 1:

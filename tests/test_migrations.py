@@ -11,7 +11,7 @@ def objects(conn: Connection) -> set[str]:
     rows = conn.execute(
         text("""
         SELECT 'table ' || relname FROM pg_class
-         WHERE relnamespace = 'public'::regnamespace AND relkind IN ('r', 'i', 'S') AND relname <> 'alembic_version'
+         WHERE relnamespace = 'public'::regnamespace AND relkind IN ('r', 'i', 'S')
            AND relname NOT LIKE 'alembic_version%'
         UNION ALL SELECT 'function ' || proname FROM pg_proc WHERE pronamespace = 'public'::regnamespace
         UNION ALL SELECT 'trigger ' || tgname FROM pg_trigger WHERE NOT tgisinternal

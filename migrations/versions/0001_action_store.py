@@ -155,6 +155,12 @@ BEGIN
         END IF;
     END IF;
 
+    IF NOT is_claim AND NEW.attempt <> OLD.attempt
+       AND NOT (OLD.state = 'EXECUTING' AND NEW.state = 'ADMITTED' AND NEW.attempt = OLD.attempt - 1) THEN
+        RAISE EXCEPTION 'agent_action %: attempt rises by exactly one with a claim, and falls by one only when an attempt that does not count goes back',
+            OLD.id USING ERRCODE = 'check_violation';
+    END IF;
+
     IF NEW.state = ANY (ended) THEN
         IF NEW.stop_reason IS NULL THEN
             RAISE EXCEPTION 'agent_action %: ending as % needs a stop_reason', OLD.id, NEW.state

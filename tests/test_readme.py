@@ -1,0 +1,26 @@
+"""The README's examples run as written, so they never rot."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from sqlalchemy import Engine, text
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+
+
+def example(name: str) -> str:
+    match = re.search(rf"<!-- example: {name} -->\n```python\n(.*?)```", README.read_text(), re.S)
+    assert match, f"README has no example named {name}"
+    return match.group(1)
+
+
+def test_the_enqueue_example_runs(engine: Engine) -> None:
+    with engine.begin() as conn:
+        conn.execute(text("CREATE TABLE account (id int PRIMARY KEY, email_verified boolean)"))
+        conn.execute(text("INSERT INTO account VALUES (42, true)"))
+    exec(compile(example("enqueue"), "README.md", "exec"), {"engine": engine})
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT kind, state FROM agent_action")).one() == ("EMAIL", "ADMITTED")
+        assert conn.execute(text("SELECT email_verified FROM account")).scalar_one() is False
