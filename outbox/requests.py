@@ -64,14 +64,8 @@ def validate(request: ActionRequest) -> ValidRequest:
     _check_id("subject_account_id", request.subject_account_id)
     _check_key("lane_key", request.lane_key)
     _check_key("idempotency_key", request.idempotency_key)
-    if (
-        not isinstance(request.max_attempts, int)
-        or isinstance(request.max_attempts, bool)
-        or request.max_attempts < 1
-    ):
-        raise InvalidRequest(
-            "max_attempts", f"must be an integer of at least 1, not {request.max_attempts!r}"
-        )
+    if not isinstance(request.max_attempts, int) or isinstance(request.max_attempts, bool) or request.max_attempts < 1:
+        raise InvalidRequest("max_attempts", f"must be an integer of at least 1, not {request.max_attempts!r}")
     if request.expires_at is not None and (
         not isinstance(request.expires_at, datetime) or request.expires_at.tzinfo is None
     ):

@@ -55,3 +55,128 @@ def _literal(value: str | None) -> str:
 
 ADMIT_PROPOSAL = decide_pending("ADMITTED", None, ("PROPOSED",))
 REFUSE_PROPOSAL = decide_pending("CANCELLED", "PROPOSAL_REFUSED", ("PROPOSED",))
+
+# ---- the executor --------------------------------------------------------------------------------
+
+CLAIMED_COLUMNS = (
+    "a.id, a.kind, a.lane_key, a.workspace_id, a.subject_account_id, a.payload, a.attempt, a.max_attempts,"
+    " a.epoch, a.write_started_at, a.due_at, a.lease_expires_at,"
+    " extract(epoch FROM a.lease_expires_at - now())::float8 AS lease_seconds"
+)
+
+# Due lane heads, many per round trip. The lane rows are locked with SKIP LOCKED, so two replicas never
+# take one lane and neither waits; the CTEs are materialized so the LIMIT runs exactly once.
+CLAIM_READY_HEADS = text(f"""
+WITH ready AS MATERIALIZED (
+    SELECT lane_key, head_id FROM agent_lane
+     WHERE ready_at <= now()
+     ORDER BY ready_at
+     LIMIT :limit
+     FOR UPDATE SKIP LOCKED
+), heads AS MATERIALIZED (
+    SELECT a.id FROM agent_action AS a JOIN ready AS r ON a.id = r.head_id
+     WHERE a.state = 'ADMITTED' AND a.due_at <= now() AND a.kind = ANY (CAST(:kinds AS text[]))
+       AND (a.expires_at IS NULL OR a.expires_at > now())
+     FOR UPDATE OF a SKIP LOCKED
+)
+UPDATE agent_action AS a
+   SET state = 'EXECUTING', epoch = a.epoch + 1, attempt = a.attempt + 1,
+       lease_expires_at = now() + make_interval(secs => :lease_seconds)
+  FROM heads WHERE a.id = heads.id
+RETURNING {CLAIMED_COLUMNS}
+""")
+
+# Executing actions whose lease expired. An at-most-once action whose write started ends UNCERTAIN;
+# one at its last attempt ends FAILED (UNCERTAIN if its write started); every other is claimed again
+# without waiting for its lane. Ending needs the lane row (SKIP LOCKED); a reclaim does not.
+TAKE_BACK_EXPIRED_LEASES = text(f"""
+WITH stale AS MATERIALIZED (
+    SELECT id, lane_key,
+           CASE WHEN write_started_at IS NOT NULL AND kind = ANY (CAST(:at_most_once AS text[]))
+                    THEN 'UNCERTAIN'
+                WHEN attempt >= max_attempts AND write_started_at IS NOT NULL THEN 'UNCERTAIN'
+                WHEN attempt >= max_attempts THEN 'FAILED'
+                ELSE 'EXECUTING' END AS next_state
+      FROM agent_action
+     WHERE state = 'EXECUTING' AND lease_expires_at <= now() AND kind = ANY (CAST(:kinds AS text[]))
+     ORDER BY lease_expires_at
+     LIMIT :limit
+     FOR UPDATE SKIP LOCKED
+), lanes AS MATERIALIZED (
+    SELECT lane_key FROM agent_lane
+     WHERE lane_key IN (SELECT lane_key FROM stale WHERE next_state <> 'EXECUTING')
+     FOR UPDATE SKIP LOCKED
+)
+UPDATE agent_action AS a
+   SET state = s.next_state,
+       stop_reason = CASE s.next_state WHEN 'UNCERTAIN' THEN 'LEASE_LOST_AFTER_WRITE'
+                                        WHEN 'FAILED' THEN 'ATTEMPTS_EXHAUSTED' END,
+       epoch = a.epoch + (s.next_state = 'EXECUTING')::int,
+       attempt = a.attempt + (s.next_state = 'EXECUTING')::int,
+       lease_expires_at = CASE WHEN s.next_state = 'EXECUTING'
+                               THEN now() + make_interval(secs => :lease_seconds) END
+  FROM stale AS s
+ WHERE a.id = s.id AND (s.next_state = 'EXECUTING' OR s.lane_key IN (SELECT lane_key FROM lanes))
+RETURNING {CLAIMED_COLUMNS}, a.state, a.stop_reason
+""")
+
+# Actions that expired before they started end CANCELLED / EXPIRED.
+EXPIRE_UNSTARTED = text("""
+WITH expired AS MATERIALIZED (
+    SELECT id, lane_key FROM agent_action
+     WHERE state IN ('PROPOSED', 'ADMITTED') AND expires_at IS NOT NULL AND expires_at <= now()
+     ORDER BY expires_at
+     LIMIT :limit
+     FOR UPDATE SKIP LOCKED
+), lanes AS MATERIALIZED (
+    SELECT lane_key FROM agent_lane WHERE lane_key IN (SELECT lane_key FROM expired) FOR UPDATE SKIP LOCKED
+)
+UPDATE agent_action AS a SET state = 'CANCELLED', stop_reason = 'EXPIRED'
+  FROM expired AS e
+ WHERE a.id = e.id AND e.lane_key IN (SELECT lane_key FROM lanes)
+RETURNING a.id, a.kind
+""")
+
+# The rows of a group commit that this transaction can hold now; the rest are tried in the next one.
+LOCK_ACTIONS = text("SELECT id FROM agent_action WHERE id = ANY (:ids) FOR UPDATE SKIP LOCKED")
+LOCK_LANES = text("SELECT lane_key FROM agent_lane WHERE lane_key = ANY (:lanes) FOR UPDATE SKIP LOCKED")
+EXISTING_ACTIONS = text("SELECT id FROM agent_action WHERE id = ANY (:ids)")
+
+# The fence: write_started_at, under the claim's epoch, while at least the write window of the lease is left.
+BEGIN_WRITES = text("""
+UPDATE agent_action AS a SET write_started_at = now()
+  FROM unnest(CAST(:ids AS bigint[]), CAST(:epochs AS bigint[])) AS f (id, epoch)
+ WHERE a.id = f.id AND a.epoch = f.epoch AND a.state = 'EXECUTING'
+   AND a.lease_expires_at >= now() + make_interval(secs => :window_seconds)
+RETURNING a.id
+""")
+
+# Why a fence refused: the row is gone (erased), taken by a newer claim, or its lease is too short.
+FENCE_STATE = text("SELECT id, epoch, state FROM agent_action WHERE id = ANY (:ids)")
+
+# Every result of an attempt, each named by its claim's epoch. `fence`: keep, clear, or restore the
+# value the attempt found at its claim (a deferral writes nothing, so an earlier write stays known).
+FINISH_ATTEMPTS = text("""
+UPDATE agent_action AS a
+   SET state = f.state,
+       stop_reason = f.stop_reason,
+       readback_ref = coalesce(f.readback_ref, a.readback_ref),
+       due_at = CASE WHEN f.state = 'ADMITTED' THEN now() + make_interval(secs => f.delay) ELSE a.due_at END,
+       attempt = a.attempt - f.uncount,
+       write_started_at = CASE f.fence WHEN 'clear' THEN NULL WHEN 'restore' THEN f.prior_write
+                                       ELSE a.write_started_at END
+  FROM unnest(CAST(:ids AS bigint[]), CAST(:epochs AS bigint[]), CAST(:states AS text[]),
+              CAST(:stop_reasons AS text[]), CAST(:readback_refs AS text[]), CAST(:delays AS float8[]),
+              CAST(:uncounts AS int[]), CAST(:fences AS text[]), CAST(:prior_writes AS timestamptz[]))
+       AS f (id, epoch, state, stop_reason, readback_ref, delay, uncount, fence, prior_write)
+ WHERE a.id = f.id AND a.epoch = f.epoch AND a.state = 'EXECUTING'
+RETURNING a.id
+""")
+
+# ---- tests and operators ----------------------------------------------------------------------------
+
+MAKE_WAITING_DUE = text("UPDATE agent_action SET due_at = now() WHERE state = 'ADMITTED' AND due_at > now()")
+COUNT_DUE = text("""
+SELECT count(*) FROM agent_lane WHERE ready_at <= now()
+""")
+COUNT_EXPIRED_LEASES = text("SELECT count(*) FROM agent_action WHERE state = 'EXECUTING' AND lease_expires_at <= now()")

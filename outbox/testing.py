@@ -3,7 +3,8 @@
 `declared_kinds` reads the three places step 2 of "Add a kind" edits (`ck_agent_action_kind`,
 `ck_agent_action_workspace`, the at-most-once list in `guard_agent_action`). `install_kinds` applies that
 step for kinds registered only by a test set-up, so test kinds never ship in a production migration.
-The executor helpers (`drain`) live in `outbox.executor.testing`.
+`drain` runs an executor the way a test wants it: every waiting action made due, until none is due.
+The scheduler is off in tests: nothing runs unless a test drains.
 """
 
 from __future__ import annotations
@@ -13,7 +14,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from sqlalchemy import Connection, text
+from sqlalchemy.ext.asyncio import AsyncEngine
 
+from outbox import store
+from outbox.executor import ActionAdapter, Executor, ExecutorConfig
+from outbox.executor.outcomes import Outcomes
 from outbox.kinds import ActionKind
 
 _ANY_ARRAY = re.compile(r"ANY \(ARRAY\[(.*?)\]\)")
@@ -82,3 +87,27 @@ def install_kinds(conn: Connection, kinds: Iterable[ActionKind] | None = None) -
     if count != 1:
         raise RuntimeError("guard_agent_action has no at_most_once_kinds list to rewrite")
     conn.execute(text(rewritten.replace(":", r"\:")))
+
+
+async def drain(
+    engine: AsyncEngine,
+    adapters: Iterable[ActionAdapter],
+    config: ExecutorConfig | None = None,
+    *,
+    max_rounds: int = 50,
+) -> Outcomes:
+    """Make every waiting action due and run the executor until none is due; return what it did.
+
+    A retry's backoff or a deferral is cut short each round, so retries run to their last attempt.
+    `max_rounds` bounds an adapter that defers forever. Leases are left alone: a test that wants one
+    to expire says so in SQL.
+    """
+    executor = Executor(engine, adapters, config, listen=False)
+    for _ in range(max_rounds):
+        async with engine.begin() as conn:
+            made_due = (await conn.execute(store.MAKE_WAITING_DUE)).rowcount
+        before = executor.outcomes.attempted
+        await executor.run(until_idle=True)
+        if made_due == 0 and executor.outcomes.attempted == before:
+            break
+    return executor.outcomes

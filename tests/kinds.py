@@ -8,9 +8,7 @@ from outbox.kinds import ActionKind
 # does nothing; runs inside a workspace only
 NOOP = ActionKind.register("TEST_NOOP", at_most_once=False, instance_level=False)
 # an at-least-once kind that reads back before it writes; instance level only
-READBACK = ActionKind.register(
-    "TEST_READBACK", at_most_once=False, instance_level=True, workspace_level=False
-)
+READBACK = ActionKind.register("TEST_READBACK", at_most_once=False, instance_level=True, workspace_level=False)
 # an at-most-once kind for executor tests that must not touch SMTP
 ONCE = ActionKind.register("TEST_ONCE", at_most_once=True, instance_level=False)
 

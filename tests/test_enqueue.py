@@ -146,9 +146,7 @@ BAD_INPUTS = [
 ]
 
 
-@pytest.mark.parametrize(
-    ("changes", "field", "message"), BAD_INPUTS, ids=[b[1] + ":" + b[2] for b in BAD_INPUTS]
-)
+@pytest.mark.parametrize(("changes", "field", "message"), BAD_INPUTS, ids=[b[1] + ":" + b[2] for b in BAD_INPUTS])
 def test_bad_input_is_refused_by_name_before_anything_is_written(
     engine: Engine, changes: dict[str, Any], field: str, message: str
 ) -> None:

@@ -68,9 +68,7 @@ def move(conn: Connection, action_id: int, to: ActionState, *, reenter: bool = F
 
 
 def row(conn: Connection, action_id: int) -> dict[str, object]:
-    return dict(
-        conn.execute(text("SELECT * FROM agent_action WHERE id = :id"), {"id": action_id}).mappings().one()
-    )
+    return dict(conn.execute(text("SELECT * FROM agent_action WHERE id = :id"), {"id": action_id}).mappings().one())
 
 
 @pytest.mark.parametrize(("source", "target"), list(itertools.product(S, S)), ids=lambda s: s.value)
@@ -103,9 +101,7 @@ def test_an_ended_row_refuses_any_change(engine: Engine) -> None:
             action_id = insert(conn, state)
             conn.commit()
             with pytest.raises(DBAPIError, match="never changes"):
-                conn.execute(
-                    text("UPDATE agent_action SET readback_ref = 'x' WHERE id = :id"), {"id": action_id}
-                )
+                conn.execute(text("UPDATE agent_action SET readback_ref = 'x' WHERE id = :id"), {"id": action_id})
             conn.rollback()
 
 
@@ -182,18 +178,14 @@ def test_the_epoch_never_moves_outside_a_claim(engine: Engine) -> None:
 def test_an_at_most_once_action_is_never_reclaimed_after_its_write_started(engine: Engine) -> None:
     with engine.connect() as conn:
         action_id = insert(conn, S.EXECUTING, kind=kinds.ONCE.name)
-        conn.execute(
-            text("UPDATE agent_action SET write_started_at = now() WHERE id = :id"), {"id": action_id}
-        )
+        conn.execute(text("UPDATE agent_action SET write_started_at = now() WHERE id = :id"), {"id": action_id})
         conn.commit()
         with pytest.raises(DBAPIError, match="at most once and its write started"):
             move(conn, action_id, S.EXECUTING)
         conn.rollback()
         # an at-least-once kind may be taken again: it reads back before it writes
         readback = insert(conn, S.EXECUTING, lane="other")
-        conn.execute(
-            text("UPDATE agent_action SET write_started_at = now() WHERE id = :id"), {"id": readback}
-        )
+        conn.execute(text("UPDATE agent_action SET write_started_at = now() WHERE id = :id"), {"id": readback})
         move(conn, readback, S.EXECUTING)
         assert row(conn, readback)["epoch"] == 2
 

@@ -11,14 +11,13 @@ import sys
 import typer
 from sqlalchemy.exc import OperationalError
 
-from outbox.cli import db, demo
+from outbox.cli import db, demo, run
 from outbox.errors import OutboxError
 
-app = typer.Typer(
-    no_args_is_help=True, add_completion=False, help="Carry out effects reliably from PostgreSQL."
-)
+app = typer.Typer(no_args_is_help=True, add_completion=False, help="Carry out effects reliably from PostgreSQL.")
 app.add_typer(db.app, name="db")
 app.command("demo")(demo.demo)
+app.command("run")(run.run)
 
 
 def main() -> None:

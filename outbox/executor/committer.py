@@ -1,0 +1,200 @@
+"""Group commit: the fences and finishing writes of concurrent attempts, many per short transaction.
+
+    attempts ──(FenceWrite | FinishWrite, future)──▶ queue ──▶ one transaction:
+        lock the rows (and, for a state change, the lane rows) with SKIP LOCKED
+        fence:  write_started_at where epoch and state still match and the lease covers the window
+        finish: the result's state where epoch and state still match
+    commit ──▶ resolve each future. A row someone else holds waits for the next transaction.
+
+Every write names its own epoch, so batching never lets one attempt write for another, and a future
+resolves only after its transaction committed: a provider call starts after its own fence is durable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass, field
+
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from outbox import store
+from outbox.executor.attempt import WRITE_WINDOW_SECONDS, ClaimedAction
+
+log = logging.getLogger("outbox.executor")
+
+# how long a batch whose rows are all held by others waits before it tries again
+_HELD_RETRY_SECONDS = 0.02
+_MAX_BATCH = 500
+
+
+@dataclass(frozen=True)
+class FinishWrite:
+    """The row values one result writes."""
+
+    state: str
+    stop_reason: str | None = None
+    readback_ref: str | None = None
+    delay_seconds: float = 0.0
+    uncount: int = 0
+    # keep the fence, clear it (a proven retry), or restore what the claim found (a deferral)
+    fence: str = "keep"
+
+
+@dataclass
+class _Pending:
+    action: ClaimedAction
+    finish: FinishWrite | None  # None: a fence
+    future: asyncio.Future[str | None] | asyncio.Future[bool] = field(repr=False)
+
+
+class Committer:
+    def __init__(self, engine: AsyncEngine) -> None:
+        self._engine = engine
+        self._queue: list[_Pending] = []
+        self._arrived = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        # when set, every new fence is refused with this reason without touching the database
+        self.refuse_fences: str | None = None
+        self.commits = 0
+        self._closing = False
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="outbox-committer")
+
+    async def close(self) -> None:
+        """Finish what is queued, then stop."""
+        if self._task is None:
+            return
+        self._closing = True
+        self._arrived.set()
+        await self._task
+
+    async def begin_write(self, action: ClaimedAction) -> str | None:
+        """The fence: None when it committed, else the reason it refused."""
+        if self.refuse_fences is not None:
+            return self.refuse_fences
+        future: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
+        self._enqueue(_Pending(action, None, future))
+        return await future
+
+    async def finish(self, action: ClaimedAction, write: FinishWrite) -> bool:
+        """Write one result under the claim's epoch; False when it changed nothing (not recorded)."""
+        future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._enqueue(_Pending(action, write, future))
+        return await future
+
+    def _enqueue(self, pending: _Pending) -> None:
+        self._queue.append(pending)
+        self._arrived.set()
+
+    async def _run(self) -> None:
+        while True:
+            if not self._queue:
+                if self._closing:
+                    return
+                self._arrived.clear()
+                await self._arrived.wait()
+                continue
+            batch, self._queue = self._queue[:_MAX_BATCH], self._queue[_MAX_BATCH:]
+            try:
+                held = await self._commit(batch)
+            except DBAPIError as error:
+                log.warning("group commit failed, trying again: %s", error.orig)
+                held = batch
+                await asyncio.sleep(0.2)
+            if held:
+                self._queue[:0] = held
+                if len(held) == len(batch) and len(self._queue) == len(held):
+                    # everything is held by other transactions: give them a moment
+                    self._arrived.clear()
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._arrived.wait(), _HELD_RETRY_SECONDS)
+
+    async def _commit(self, batch: list[_Pending]) -> list[_Pending]:
+        """One transaction for the batch; resolves what it wrote, returns what others hold."""
+        resolutions: list[tuple[_Pending, str | bool | None]] = []
+        held_elsewhere: list[_Pending] = []
+        async with self._engine.begin() as conn:
+            ids = sorted({p.action.id for p in batch})
+            locked = set((await conn.execute(store.LOCK_ACTIONS, {"ids": ids})).scalars())
+            unlocked = [i for i in ids if i not in locked]
+            existing = (
+                set((await conn.execute(store.EXISTING_ACTIONS, {"ids": unlocked})).scalars()) if unlocked else set()
+            )
+            lanes = sorted({p.action.lane_key for p in batch if p.finish is not None and p.action.id in locked})
+            locked_lanes = set((await conn.execute(store.LOCK_LANES, {"lanes": lanes})).scalars()) if lanes else set()
+            fences: list[_Pending] = []
+            finishes: list[_Pending] = []
+            for pending in batch:
+                action_id = pending.action.id
+                if action_id not in locked:
+                    if action_id in existing:
+                        held_elsewhere.append(pending)
+                    else:  # erased
+                        resolutions.append((pending, "the action was erased" if pending.finish is None else False))
+                elif pending.finish is None:
+                    fences.append(pending)
+                elif pending.action.lane_key in locked_lanes:
+                    finishes.append(pending)
+                else:
+                    held_elsewhere.append(pending)
+            if fences:
+                resolutions += await self._begin_writes(conn, fences)
+            if finishes:
+                resolutions += await self._finish(conn, finishes)
+        self.commits += 1
+        for pending, outcome in resolutions:
+            if not pending.future.done():
+                pending.future.set_result(outcome)  # type: ignore[arg-type]
+        return held_elsewhere
+
+    async def _begin_writes(
+        self, conn: AsyncConnection, fences: list[_Pending]
+    ) -> list[tuple[_Pending, str | bool | None]]:
+        # one fence per action and epoch: a repeated request shares the answer
+        params = {
+            "ids": [p.action.id for p in fences],
+            "epochs": [p.action.epoch for p in fences],
+            "window_seconds": WRITE_WINDOW_SECONDS,
+        }
+        fenced = set((await conn.execute(store.BEGIN_WRITES, params)).scalars())
+        refused = [p for p in fences if p.action.id not in fenced]
+        current: dict[int, tuple[int, str]] = {}
+        if refused:
+            rows = await conn.execute(store.FENCE_STATE, {"ids": [p.action.id for p in refused]})
+            current = {row.id: (row.epoch, row.state) for row in rows}
+        outcomes: list[tuple[_Pending, str | bool | None]] = []
+        for pending in fences:
+            if pending.action.id in fenced:
+                outcomes.append((pending, None))
+                continue
+            epoch, state = current.get(pending.action.id, (None, None))
+            if epoch is None:
+                reason = "the action was erased"
+            elif epoch != pending.action.epoch or state != "EXECUTING":
+                reason = f"another claim took the action (epoch {epoch}, {state})"
+            else:
+                reason = f"less than {WRITE_WINDOW_SECONDS:.0f} s of the lease are left"
+            outcomes.append((pending, reason))
+        return outcomes
+
+    async def _finish(
+        self, conn: AsyncConnection, finishes: list[_Pending]
+    ) -> list[tuple[_Pending, str | bool | None]]:
+        writes = [(p.action, p.finish) for p in finishes if p.finish is not None]
+        params = {
+            "ids": [a.id for a, _ in writes],
+            "epochs": [a.epoch for a, _ in writes],
+            "states": [w.state for _, w in writes],
+            "stop_reasons": [w.stop_reason for _, w in writes],
+            "readback_refs": [w.readback_ref for _, w in writes],
+            "delays": [w.delay_seconds for _, w in writes],
+            "uncounts": [w.uncount for _, w in writes],
+            "fences": [w.fence for _, w in writes],
+            "prior_writes": [a.prior_write_started_at for a, _ in writes],
+        }
+        recorded = set((await conn.execute(store.FINISH_ATTEMPTS, params)).scalars())
+        return [(p, p.action.id in recorded) for p in finishes]

@@ -1,0 +1,331 @@
+"""Executor: the claim loop every replica runs, the attempts it carries out, and how it stops.
+
+    loop: sweep (expire unstarted, take back expired leases) ─▶ claim ready lane heads (<= free slots)
+          ─▶ one task per attempt: adapter.execute(attempt) ─▶ result ─▶ FinishWrite ─▶ Committer
+          wait for: NOTIFY from an enqueue, a finished attempt (its lane's next head), or the poll interval
+
+There is no leader: every replica runs the same loop, and SKIP LOCKED keeps them apart. Every time is
+the database clock; local time only measures the write window (monotonic, relative to the fence).
+On stop, claiming ends, fences refuse, claimed actions that have not fenced go back to their lanes
+without counting the attempt, and fenced ones finish inside their window.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from sqlalchemy import Row
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from outbox import store
+from outbox.executor.adapter import ActionAdapter
+from outbox.executor.attempt import WRITE_WINDOW_SECONDS, ActionAttempt, ClaimedAction, FenceRefused
+from outbox.executor.backoff import retry_delay
+from outbox.executor.committer import Committer, FinishWrite
+from outbox.executor.outcomes import Outcomes
+from outbox.executor.results import (
+    Abandoned,
+    Cancelled,
+    Defer,
+    Done,
+    Failed,
+    Result,
+    Retry,
+    Uncertain,
+    result_name,
+)
+from outbox.kinds import ActionKind
+from outbox.states import ActionState, StopReason
+
+log = logging.getLogger("outbox.executor")
+
+_STOPPING = "the executor is stopping"
+
+
+@dataclass(frozen=True)
+class ExecutorConfig:
+    # attempts in flight at once in this executor
+    concurrency: int = 64
+    # lane heads claimed per round trip
+    claim_batch: int = 50
+    # a claim's lease; the write window (60 s) must fit inside it after the adapter's preparation
+    lease_seconds: float = 300.0
+    # the longest an idle executor waits before it looks again without a notification
+    poll_seconds: float = 1.0
+    # how often expired leases and expired unstarted actions are looked for
+    sweep_seconds: float = 1.0
+    # on stop: how long an attempt that has not reached its fence may run before it is cancelled
+    handback_grace_seconds: float = 5.0
+
+    def __post_init__(self) -> None:
+        if self.concurrency < 1 or self.claim_batch < 1:
+            raise ValueError("concurrency and claim_batch must be at least 1")
+        if self.lease_seconds <= WRITE_WINDOW_SECONDS:
+            raise ValueError(
+                f"lease_seconds must exceed the {WRITE_WINDOW_SECONDS:.0f} s write window, not {self.lease_seconds}"
+            )
+        if self.poll_seconds <= 0 or self.sweep_seconds <= 0:
+            raise ValueError("poll_seconds and sweep_seconds must be positive")
+
+
+class Executor:
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        adapters: Iterable[ActionAdapter],
+        config: ExecutorConfig | None = None,
+        *,
+        listen: bool = True,
+    ) -> None:
+        self._engine = engine
+        self._adapters: dict[str, ActionAdapter] = {}
+        for adapter in adapters:
+            if adapter.kind.name in self._adapters:
+                raise ValueError(f"kind {adapter.kind} has two adapters; each kind has exactly one")
+            self._adapters[adapter.kind.name] = adapter
+        if not self._adapters:
+            raise ValueError("an executor needs at least one adapter")
+        self._kinds = sorted(self._adapters)
+        self._at_most_once = [k.name for k in ActionKind.all() if k.at_most_once]
+        self.config = config or ExecutorConfig()
+        self._listen = listen
+        self.outcomes = Outcomes()
+        self._inflight: dict[asyncio.Task[None], ActionAttempt] = {}
+        self._wake: asyncio.Event | None = None
+        self._stopping = False
+        self._committer: Committer | None = None
+
+    # ---- control ---------------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Stop claiming; hand back what has not fenced; let fenced attempts finish. Safe from a signal."""
+        self._stopping = True
+        if self._committer is not None:
+            self._committer.refuse_fences = _STOPPING
+        if self._wake is not None:
+            self._wake.set()
+
+    async def run(
+        self, *, until_idle: bool = False, max_actions: int | None = None, max_seconds: float | None = None
+    ) -> Outcomes:
+        """Claim and carry out actions until stopped, or until idle, a claim budget or a time is reached."""
+        loop = asyncio.get_running_loop()
+        self._wake = asyncio.Event()
+        self._committer = Committer(self._engine)
+        self._committer.start()
+        if self._stopping:
+            self._committer.refuse_fences = _STOPPING
+        listener = asyncio.create_task(self._listen_for_enqueues()) if self._listen else None
+        deadline = loop.time() + max_seconds if max_seconds is not None else math.inf
+        budget = max_actions if max_actions is not None else math.inf
+        next_sweep = 0.0
+        try:
+            while not self._stopping and loop.time() < deadline and budget > 0:
+                self._wake.clear()
+                found = 0
+                if loop.time() >= next_sweep:
+                    found += await self._sweep(self._free_slots())
+                    next_sweep = loop.time() + self.config.sweep_seconds
+                want = int(min(self._free_slots(), self.config.claim_batch, budget))
+                if want > 0:
+                    claimed = await self._claim(want)
+                    budget -= len(claimed)
+                    found += len(claimed)
+                    if len(claimed) == want and self._free_slots() > 0:
+                        continue  # more heads may be ready right now
+                if until_idle and found == 0 and not self._inflight:
+                    break
+                timeout = min(self.config.poll_seconds, max(0.0, next_sweep - loop.time()), deadline - loop.time())
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), max(timeout, 0.001))
+        finally:
+            await self._wind_down(hand_back=self._stopping)
+            if listener is not None:
+                listener.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await listener
+        return self.outcomes
+
+    def _free_slots(self) -> int:
+        return self.config.concurrency - len(self._inflight)
+
+    async def _wind_down(self, *, hand_back: bool) -> None:
+        """Let in-flight attempts end. On stop, those that have not fenced go back to their lanes."""
+        assert self._committer is not None
+        if hand_back:
+            self._committer.refuse_fences = _STOPPING
+            await self._wait_inflight(self.config.handback_grace_seconds)
+            for task, attempt in list(self._inflight.items()):
+                if not attempt.fenced:
+                    task.cancel()
+            # fenced attempts end inside their write window; past it they are cut off and end UNCERTAIN
+            await self._wait_inflight(WRITE_WINDOW_SECONDS + 5)
+        else:
+            await self._wait_inflight(self.config.lease_seconds)
+        for task in self._inflight:
+            task.cancel()
+        await self._wait_inflight(None)
+        await self._committer.close()
+
+    async def _wait_inflight(self, seconds: float | None) -> None:
+        if self._inflight:
+            await asyncio.wait(set(self._inflight), timeout=seconds)
+
+    # ---- finding work ----------------------------------------------------------------------------
+
+    async def _claim(self, limit: int) -> list[ClaimedAction]:
+        params = {"limit": limit, "lease_seconds": self.config.lease_seconds, "kinds": self._kinds}
+        rows = await self._execute(store.CLAIM_READY_HEADS, params)
+        claimed = [self._claimed(row) for row in rows]
+        for action in claimed:
+            self._spawn(action)
+        return claimed
+
+    async def _sweep(self, free: int) -> int:
+        """End what expired before it started; take back expired leases. Returns the actions touched."""
+        expired = await self._execute(store.EXPIRE_UNSTARTED, {"limit": 500})
+        for row in expired:
+            self.outcomes.end(row.id, row.kind, ActionState.CANCELLED, StopReason.EXPIRED)
+        if free <= 0:
+            return len(expired)
+        params = {
+            "limit": free,
+            "lease_seconds": self.config.lease_seconds,
+            "at_most_once": self._at_most_once,
+            "kinds": self._kinds,
+        }
+        taken = await self._execute(store.TAKE_BACK_EXPIRED_LEASES, params)
+        for row in taken:
+            if row.state == ActionState.EXECUTING:
+                log.info("action %s: lease expired, claimed again (attempt %s)", row.id, row.attempt)
+                self._spawn(self._claimed(row))
+            else:
+                self.outcomes.end(row.id, row.kind, row.state, row.stop_reason)
+        return len(expired) + len(taken)
+
+    async def _execute(self, statement: Any, params: dict[str, Any]) -> list[Row[Any]]:
+        try:
+            async with self._engine.begin() as conn:
+                return list(await conn.execute(statement, params))
+        except DBAPIError as error:
+            if not error.connection_invalidated and not isinstance(error.orig, psycopg.OperationalError):
+                raise
+            log.warning("database unavailable, trying again: %s", error.orig)
+            return []
+
+    @staticmethod
+    def _claimed(row: Row[Any]) -> ClaimedAction:
+        return ClaimedAction(
+            id=row.id,
+            kind=ActionKind.get(row.kind),
+            lane_key=row.lane_key,
+            workspace_id=row.workspace_id,
+            subject_account_id=row.subject_account_id,
+            payload=row.payload,
+            attempt=row.attempt,
+            max_attempts=row.max_attempts,
+            epoch=row.epoch,
+            prior_write_started_at=row.write_started_at,
+            due_at=row.due_at,
+            lease_seconds=row.lease_seconds,
+        )
+
+    async def _listen_for_enqueues(self) -> None:
+        """Wake on NOTIFY from an enqueue's commit; on any failure, reconnect (polling covers the gap)."""
+        url = self._engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
+        while True:
+            try:
+                async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+                    await conn.execute(f"LISTEN {store.NOTIFY_CHANNEL}")
+                    async for _ in conn.notifies():
+                        if self._wake is not None:
+                            self._wake.set()
+            except psycopg.Error as error:
+                log.info("notification listener lost its connection (%s); polling meanwhile", error)
+                await asyncio.sleep(self.config.poll_seconds)
+
+    # ---- one attempt -----------------------------------------------------------------------------
+
+    def _spawn(self, action: ClaimedAction) -> None:
+        assert self._committer is not None
+        attempt = ActionAttempt(action, self._committer)
+        task = asyncio.create_task(self._carry_out(attempt), name=f"outbox-action-{action.id}")
+        self._inflight[task] = attempt
+        task.add_done_callback(self._attempt_done)
+
+    def _attempt_done(self, task: asyncio.Task[None]) -> None:
+        self._inflight.pop(task, None)
+        if self._wake is not None:
+            self._wake.set()  # a slot is free, and the lane's next head may be ready
+
+    async def _carry_out(self, attempt: ActionAttempt) -> None:
+        action = attempt.action
+        adapter = self._adapters[action.kind.name]
+        try:
+            result: Result = await adapter.execute(attempt)
+        except FenceRefused as refused:
+            # before the fence: nothing was written. After it: the window closed before the provider call.
+            result = Retry(refused.reason) if attempt.fenced else Abandoned(refused.reason)
+        except asyncio.CancelledError:
+            result = _uncertain_after_error("cancelled") if attempt.fenced else Abandoned(_STOPPING)
+        except Exception as error:
+            if attempt.fenced:
+                log.exception("action %s: adapter failed after its fence", action.id)
+                result = _uncertain_after_error(f"{type(error).__name__}: {error}")
+            else:
+                log.warning("action %s: adapter failed before its fence: %r", action.id, error)
+                result = Retry(f"{type(error).__name__}: {error}")
+        if isinstance(result, Abandoned) and not attempt.fenced and self._stopping:
+            result = Defer(0.0, _STOPPING)  # hand it back to its lane: the attempt does not count
+        await self._record(attempt, result)
+
+    async def _record(self, attempt: ActionAttempt, result: Result) -> None:
+        action = attempt.action
+        write = finish_write(action, result)
+        assert self._committer is not None
+        recorded = write is not None and await self._committer.finish(action, write)
+        self.outcomes.attempt(action.kind.name, result_name(result), recorded)
+        if recorded and write is not None and write.stop_reason is not None:
+            self.outcomes.end(action.id, action.kind.name, write.state, write.stop_reason)
+        if not recorded and write is not None:
+            log.info(
+                "action %s: %s under epoch %s was not recorded (a newer claim or an erasure)",
+                action.id,
+                result_name(result),
+                action.epoch,
+            )
+
+
+def _uncertain_after_error(reason: str) -> Uncertain:
+    return Uncertain(reason, StopReason.ERROR_AFTER_WRITE)
+
+
+def finish_write(action: ClaimedAction, result: Result) -> FinishWrite | None:
+    """The row values a result writes, exactly as the seed's table says."""
+    match result:
+        case Done(readback_ref=ref):
+            return FinishWrite(ActionState.DONE, StopReason.CONFIRMED, readback_ref=ref)
+        case Retry(after=after):
+            if action.attempt >= action.max_attempts:
+                return FinishWrite(ActionState.FAILED, StopReason.ATTEMPTS_EXHAUSTED)
+            delay = after if after is not None else retry_delay(action.attempt)
+            return FinishWrite(ActionState.ADMITTED, delay_seconds=delay, fence="clear")
+        case Defer(after=after):
+            return FinishWrite(ActionState.ADMITTED, delay_seconds=after, uncount=1, fence="restore")
+        case Uncertain(stop_reason=reason):
+            return FinishWrite(ActionState.UNCERTAIN, reason)
+        case Failed():
+            return FinishWrite(ActionState.FAILED, StopReason.PROVIDER_REFUSED)
+        case Cancelled(stop_reason=reason):
+            return FinishWrite(ActionState.CANCELLED, reason)
+        case Abandoned():
+            return None
+

@@ -1,0 +1,88 @@
+"""What an adapter returns: one of the seed's seven results.
+
+| result    | use it when                                          | then                                        |
+| Done      | the provider confirmed the effect                    | DONE / CONFIRMED, `readback_ref` kept       |
+| Retry     | the provider proved it holds nothing; may succeed    | ADMITTED after a backoff, fence cleared;    |
+|           |                                                      | FAILED / ATTEMPTS_EXHAUSTED at the last one |
+| Defer     | not now, and nothing was written (a rate limit)      | ADMITTED after `after`; attempt not counted |
+| Uncertain | the effect may exist                                 | UNCERTAIN; nothing sends it again           |
+| Failed    | the provider refused it, or nobody can receive it    | FAILED / PROVIDER_REFUSED                   |
+| Cancelled | nothing should be written                            | CANCELLED / NOT_WANTED                      |
+| Abandoned | the fence refused                                    | nothing: another holder owns the action     |
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from outbox.states import ActionState, StopReason
+
+
+def _check_reason(reason: StopReason, state: ActionState) -> None:
+    if reason.state is not state:
+        raise ValueError(f"a {state} result needs a {state} stop reason, not {reason}")
+
+
+@dataclass(frozen=True)
+class Done:
+    readback_ref: str
+
+
+@dataclass(frozen=True)
+class Retry:
+    reason: str
+    # seconds to wait; None: the executor's exponential backoff with jitter
+    after: float | None = None
+
+
+@dataclass(frozen=True)
+class Defer:
+    after: float
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class Uncertain:
+    reason: str
+    # the executor names ERROR_AFTER_WRITE for an exception after the fence
+    stop_reason: StopReason = StopReason.PROVIDER_UNCERTAIN
+
+    def __post_init__(self) -> None:
+        _check_reason(self.stop_reason, ActionState.UNCERTAIN)
+
+
+@dataclass(frozen=True)
+class Failed:
+    reason: str
+
+
+@dataclass(frozen=True)
+class Cancelled:
+    reason: str
+    stop_reason: StopReason = StopReason.NOT_WANTED
+
+    def __post_init__(self) -> None:
+        _check_reason(self.stop_reason, ActionState.CANCELLED)
+
+
+@dataclass(frozen=True)
+class Abandoned:
+    reason: str
+
+
+Result = Done | Retry | Defer | Uncertain | Failed | Cancelled | Abandoned
+
+# the label each result carries in metrics and summaries
+RESULT_NAMES: dict[type[Result], str] = {
+    Done: "DONE",
+    Retry: "RETRY",
+    Defer: "DEFER",
+    Uncertain: "UNCERTAIN",
+    Failed: "FAILED",
+    Cancelled: "CANCELLED",
+    Abandoned: "ABANDONED",
+}
+
+
+def result_name(result: Result) -> str:
+    return RESULT_NAMES[type(result)]
