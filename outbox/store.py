@@ -138,7 +138,7 @@ RETURNING a.id, a.kind
 """)
 
 # The rows of a group commit that this transaction can hold now; the rest are tried in the next one.
-LOCK_ACTIONS = text("SELECT id FROM agent_action WHERE id = ANY (:ids) FOR UPDATE SKIP LOCKED")
+LOCK_ACTIONS = text("SELECT id, epoch, state FROM agent_action WHERE id = ANY (:ids) FOR UPDATE SKIP LOCKED")
 LOCK_LANES = text("SELECT lane_key FROM agent_lane WHERE lane_key = ANY (:lanes) FOR UPDATE SKIP LOCKED")
 EXISTING_ACTIONS = text("SELECT id FROM agent_action WHERE id = ANY (:ids)")
 
@@ -150,9 +150,6 @@ UPDATE agent_action AS a SET write_started_at = now()
    AND a.lease_expires_at >= now() + make_interval(secs => :window_seconds)
 RETURNING a.id
 """)
-
-# Why a fence refused: the row is gone (erased), taken by a newer claim, or its lease is too short.
-FENCE_STATE = text("SELECT id, epoch, state FROM agent_action WHERE id = ANY (:ids)")
 
 # Every result of an attempt, each named by its claim's epoch. `fence`: keep, clear, or restore the
 # value the attempt found at its claim (a deferral writes nothing, so an earlier write stays known).

@@ -73,5 +73,11 @@ class _FileRecord(list[list[object]]):
 
 
 def recording_adapters() -> list[ActionAdapter]:
+    """The adapters of an executor process in the lanes test. OUTBOX_TEST_CLOCK_SKEW_SECONDS moves this
+    process's wall clock, to show that leases and due times never read it."""
+    skew = float(os.environ.get("OUTBOX_TEST_CLOCK_SKEW_SECONDS", "0"))
+    if skew:
+        real_time = time.time
+        time.time = lambda: real_time() + skew
     record = _FileRecord(os.environ["OUTBOX_TEST_RECORD_FILE"])
     return [RecordingAdapter(kinds.NOOP, record)]

@@ -48,9 +48,7 @@ def enqueue(engine: Engine, lane: str = "lane-1", **changes: Any) -> int:
 def row(engine: Engine, action_id: int) -> dict[str, Any]:
     with engine.connect() as conn:
         found = conn.execute(
-            text(
-                "SELECT *, extract(epoch FROM due_at - now()) AS due_in FROM agent_action WHERE id = :id"
-            ),
+            text("SELECT *, extract(epoch FROM due_at - now()) AS due_in FROM agent_action WHERE id = :id"),
             {"id": action_id},
         )
         return dict(found.mappings().one())
@@ -117,9 +115,14 @@ async def test_defer_keeps_the_mark_of_an_earlier_write(engine: Engine, aengine:
     """A read-back kind whose earlier attempt may have written must still know it after a deferral."""
     action_id = enqueue(engine)
     with engine.begin() as conn:  # an earlier holder fenced and lost its lease
-        conn.execute(text("UPDATE agent_action SET state = 'EXECUTING', epoch = 1, attempt = 1,"
-                          " lease_expires_at = now() - interval '1 s', write_started_at = now() - interval '1 min'"
-                          " WHERE id = :id"), {"id": action_id})
+        conn.execute(
+            text(
+                "UPDATE agent_action SET state = 'EXECUTING', epoch = 1, attempt = 1,"
+                " lease_expires_at = now() - interval '1 s', write_started_at = now() - interval '1 min'"
+                " WHERE id = :id"
+            ),
+            {"id": action_id},
+        )
     seen: list[bool] = []
 
     async def defer_after_looking(attempt: ActionAttempt) -> Result:
@@ -194,8 +197,9 @@ async def test_an_action_past_expires_at_is_never_claimed_and_ends_expired(
         soon = conn.execute(text("SELECT now() + interval '1 hour'")).scalar_one()
     action_id = enqueue(engine, expires_at=soon)
     with engine.begin() as conn:  # an hour passes
-        conn.execute(text("UPDATE agent_action SET expires_at = now() - interval '1 s' WHERE id = :id"),
-                     {"id": action_id})
+        conn.execute(
+            text("UPDATE agent_action SET expires_at = now() - interval '1 s' WHERE id = :id"), {"id": action_id}
+        )
     adapter = ScriptedAdapter(kinds.NOOP)
     executor = await run_once(aengine, adapter)
     expired = row(engine, action_id)
@@ -239,8 +243,10 @@ async def test_the_fence_refuses_when_another_claim_took_the_action(engine: Engi
 
     async def lose_the_claim(attempt: ActionAttempt) -> Result:
         with engine.begin() as conn:  # the lease ran out and another replica claimed it again
-            conn.execute(text("UPDATE agent_action SET epoch = epoch + 1, attempt = attempt + 1 WHERE id = :id"),
-                         {"id": action_id})
+            conn.execute(
+                text("UPDATE agent_action SET epoch = epoch + 1, attempt = attempt + 1 WHERE id = :id"),
+                {"id": action_id},
+            )
         try:
             await attempt.fence().begin_write()
         except FenceRefused as refused:
@@ -275,8 +281,10 @@ async def test_the_fence_needs_sixty_seconds_of_lease(
 
     async def short_lease(attempt: ActionAttempt) -> Result:
         with engine.begin() as conn:
-            conn.execute(text("UPDATE agent_action SET lease_expires_at = now() + make_interval(secs => :s)"
-                              " WHERE id = :id"), {"s": lease_left, "id": action_id})
+            conn.execute(
+                text("UPDATE agent_action SET lease_expires_at = now() + make_interval(secs => :s) WHERE id = :id"),
+                {"s": lease_left, "id": action_id},
+            )
         try:
             window = await attempt.fence().begin_write()
         except FenceRefused as refused:

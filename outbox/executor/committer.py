@@ -17,6 +17,7 @@ import contextlib
 import logging
 from dataclasses import dataclass, field
 
+import psycopg
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
@@ -102,7 +103,13 @@ class Committer:
             try:
                 held = await self._commit(batch)
             except DBAPIError as error:
-                log.warning("group commit failed, trying again: %s", error.orig)
+                if not connection_lost(error):
+                    log.exception("group commit refused; its attempts stay EXECUTING until their leases expire")
+                    for pending in batch:
+                        if not pending.future.done():
+                            pending.future.set_exception(error)
+                    continue
+                log.warning("group commit lost its connection, trying again: %s", error.orig)
                 held = batch
                 await asyncio.sleep(0.2)
             if held:
@@ -114,33 +121,35 @@ class Committer:
                         await asyncio.wait_for(self._arrived.wait(), _HELD_RETRY_SECONDS)
 
     async def _commit(self, batch: list[_Pending]) -> list[_Pending]:
-        """One transaction for the batch; resolves what it wrote, returns what others hold."""
+        """One transaction for the batch; resolves what it decided, returns what others hold."""
         resolutions: list[tuple[_Pending, str | bool | None]] = []
         held_elsewhere: list[_Pending] = []
         async with self._engine.begin() as conn:
             ids = sorted({p.action.id for p in batch})
-            locked = set((await conn.execute(store.LOCK_ACTIONS, {"ids": ids})).scalars())
+            locked = {row.id: (row.epoch, row.state) for row in await conn.execute(store.LOCK_ACTIONS, {"ids": ids})}
             unlocked = [i for i in ids if i not in locked]
             existing = (
                 set((await conn.execute(store.EXISTING_ACTIONS, {"ids": unlocked})).scalars()) if unlocked else set()
             )
-            lanes = sorted({p.action.lane_key for p in batch if p.finish is not None and p.action.id in locked})
-            locked_lanes = set((await conn.execute(store.LOCK_LANES, {"lanes": lanes})).scalars()) if lanes else set()
-            fences: list[_Pending] = []
-            finishes: list[_Pending] = []
+            current: list[_Pending] = []
             for pending in batch:
-                action_id = pending.action.id
-                if action_id not in locked:
-                    if action_id in existing:
-                        held_elsewhere.append(pending)
-                    else:  # erased
-                        resolutions.append((pending, "the action was erased" if pending.finish is None else False))
-                elif pending.finish is None:
-                    fences.append(pending)
-                elif pending.action.lane_key in locked_lanes:
-                    finishes.append(pending)
-                else:
+                action = pending.action
+                if action.id in existing:
                     held_elsewhere.append(pending)
+                elif action.id not in locked:
+                    resolutions.append((pending, _refusal(pending, "the action was erased")))
+                elif locked[action.id] != (action.epoch, "EXECUTING"):
+                    epoch, state = locked[action.id]
+                    reason = f"another claim took the action (epoch {epoch}, {state})"
+                    resolutions.append((pending, _refusal(pending, reason)))
+                else:
+                    current.append(pending)
+            # a state change recomputes the lane: hold its row first (an EXECUTING action always has one)
+            lanes = sorted({p.action.lane_key for p in current if p.finish is not None})
+            locked_lanes = set((await conn.execute(store.LOCK_LANES, {"lanes": lanes})).scalars()) if lanes else set()
+            fences = [p for p in current if p.finish is None]
+            finishes = [p for p in current if p.finish is not None and p.action.lane_key in locked_lanes]
+            held_elsewhere += [p for p in current if p.finish is not None and p.action.lane_key not in locked_lanes]
             if fences:
                 resolutions += await self._begin_writes(conn, fences)
             if finishes:
@@ -154,32 +163,14 @@ class Committer:
     async def _begin_writes(
         self, conn: AsyncConnection, fences: list[_Pending]
     ) -> list[tuple[_Pending, str | bool | None]]:
-        # one fence per action and epoch: a repeated request shares the answer
         params = {
             "ids": [p.action.id for p in fences],
             "epochs": [p.action.epoch for p in fences],
             "window_seconds": WRITE_WINDOW_SECONDS,
         }
         fenced = set((await conn.execute(store.BEGIN_WRITES, params)).scalars())
-        refused = [p for p in fences if p.action.id not in fenced]
-        current: dict[int, tuple[int, str]] = {}
-        if refused:
-            rows = await conn.execute(store.FENCE_STATE, {"ids": [p.action.id for p in refused]})
-            current = {row.id: (row.epoch, row.state) for row in rows}
-        outcomes: list[tuple[_Pending, str | bool | None]] = []
-        for pending in fences:
-            if pending.action.id in fenced:
-                outcomes.append((pending, None))
-                continue
-            epoch, state = current.get(pending.action.id, (None, None))
-            if epoch is None:
-                reason = "the action was erased"
-            elif epoch != pending.action.epoch or state != "EXECUTING":
-                reason = f"another claim took the action (epoch {epoch}, {state})"
-            else:
-                reason = f"less than {WRITE_WINDOW_SECONDS:.0f} s of the lease are left"
-            outcomes.append((pending, reason))
-        return outcomes
+        short = f"less than {WRITE_WINDOW_SECONDS:.0f} s of the lease are left"
+        return [(p, None if p.action.id in fenced else short) for p in fences]
 
     async def _finish(
         self, conn: AsyncConnection, finishes: list[_Pending]
@@ -198,3 +189,12 @@ class Committer:
         }
         recorded = set((await conn.execute(store.FINISH_ATTEMPTS, params)).scalars())
         return [(p, p.action.id in recorded) for p in finishes]
+
+
+def _refusal(pending: _Pending, reason: str) -> str | bool:
+    """What a write that cannot take effect resolves to: a fence's reason, or a finish not recorded."""
+    return reason if pending.finish is None else False
+
+
+def connection_lost(error: DBAPIError) -> bool:
+    return error.connection_invalidated or isinstance(error.orig, psycopg.OperationalError)

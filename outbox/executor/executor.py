@@ -29,7 +29,7 @@ from outbox import store
 from outbox.executor.adapter import ActionAdapter
 from outbox.executor.attempt import WRITE_WINDOW_SECONDS, ActionAttempt, ClaimedAction, FenceRefused
 from outbox.executor.backoff import retry_delay
-from outbox.executor.committer import Committer, FinishWrite
+from outbox.executor.committer import Committer, FinishWrite, connection_lost
 from outbox.executor.outcomes import Outcomes
 from outbox.executor.results import (
     Abandoned,
@@ -216,7 +216,7 @@ class Executor:
             async with self._engine.begin() as conn:
                 return list(await conn.execute(statement, params))
         except DBAPIError as error:
-            if not error.connection_invalidated and not isinstance(error.orig, psycopg.OperationalError):
+            if not connection_lost(error):
                 raise
             log.warning("database unavailable, trying again: %s", error.orig)
             return []
@@ -328,4 +328,3 @@ def finish_write(action: ClaimedAction, result: Result) -> FinishWrite | None:
             return FinishWrite(ActionState.CANCELLED, reason)
         case Abandoned():
             return None
-

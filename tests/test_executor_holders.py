@@ -1,0 +1,235 @@
+"""Stale holders, at-most-once lease loss, shutdown, and the wake-up on enqueue."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from sqlalchemy import Engine, text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from outbox.executor import ActionAttempt, Done, Executor, ExecutorConfig, Result
+from tests import kinds
+from tests.adapters import ScriptedAdapter
+from tests.test_executor_results import enqueue, row
+
+
+def expire_lease(engine: Engine, action_id: int) -> None:
+    with engine.begin() as conn:
+        conn.execute(
+            text("UPDATE agent_action SET lease_expires_at = now() - interval '1 s' WHERE id = :id"), {"id": action_id}
+        )
+
+
+class Provider:
+    """A provider that remembers every write, so a test can count them."""
+
+    def __init__(self) -> None:
+        self.writes: list[int] = []
+
+    def holds(self, action_id: int) -> bool:
+        return action_id in self.writes
+
+
+class SlowFirstHolder:
+    """The first attempt fences, then hangs inside its provider call until released."""
+
+    def __init__(self, provider: Provider) -> None:
+        self.provider = provider
+        self.in_provider = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def __call__(self, attempt: ActionAttempt) -> Result:
+        if attempt.write_started() and self.provider.holds(attempt.action.id):
+            return Done("found by read-back")  # an at-least-once kind looks before it writes
+        (await attempt.fence().begin_write()).check()
+        self.provider.writes.append(attempt.action.id)
+        if attempt.action.epoch == 1:
+            self.in_provider.set()
+            await self.release.wait()
+        return Done(f"written under epoch {attempt.action.epoch}")
+
+
+async def stale_holder_scenario(engine: Engine, aengine: AsyncEngine, kind: Any) -> tuple[int, Executor, Provider]:
+    action_id = enqueue(engine, kind=kind)
+    provider = Provider()
+    behaviour = SlowFirstHolder(provider)
+    first = Executor(aengine, [ScriptedAdapter(kind, behaviour)], listen=False)
+    running = asyncio.create_task(first.run(until_idle=True))
+    await asyncio.wait_for(behaviour.in_provider.wait(), 10)
+    expire_lease(engine, action_id)  # the first holder is paused past its lease
+    second = Executor(aengine, [ScriptedAdapter(kind, behaviour)], listen=False)
+    await second.run(until_idle=True)
+    behaviour.release.set()  # the first holder wakes up and reports
+    await asyncio.wait_for(running, 10)
+    return action_id, first, provider
+
+
+async def test_a_stale_holders_writes_change_nothing(engine: Engine, aengine: AsyncEngine) -> None:
+    action_id, first, provider = await stale_holder_scenario(engine, aengine, kinds.NOOP)
+    final = row(engine, action_id)
+    # the second claim read back the first write instead of writing again
+    assert (final["state"], final["epoch"], final["attempt"]) == ("DONE", 2, 2)
+    assert final["readback_ref"] == "found by read-back"
+    assert provider.writes == [action_id]
+    assert first.outcomes.attempts == {(kinds.NOOP.name, "DONE", False): 1}
+
+
+async def test_an_at_most_once_action_whose_lease_was_lost_after_its_write_ends_uncertain(
+    engine: Engine, aengine: AsyncEngine
+) -> None:
+    action_id, first, provider = await stale_holder_scenario(engine, aengine, kinds.ONCE)
+    final = row(engine, action_id)
+    assert (final["state"], final["stop_reason"], final["epoch"]) == ("UNCERTAIN", "LEASE_LOST_AFTER_WRITE", 1)
+    assert provider.writes == [action_id]  # the provider was called exactly once
+    assert first.outcomes.attempts == {(kinds.ONCE.name, "DONE", False): 1}
+
+
+async def test_a_lost_lease_before_the_fence_is_claimed_again(engine: Engine, aengine: AsyncEngine) -> None:
+    action_id = enqueue(engine, kind=kinds.ONCE)
+    with engine.begin() as conn:  # a holder claimed it and died before its fence
+        conn.execute(
+            text(
+                "UPDATE agent_action SET state = 'EXECUTING', epoch = 1, attempt = 1,"
+                " lease_expires_at = now() - interval '1 s' WHERE id = :id"
+            ),
+            {"id": action_id},
+        )
+    adapter = ScriptedAdapter(kinds.ONCE)
+    await Executor(aengine, [adapter], listen=False).run(until_idle=True)
+    done = row(engine, action_id)
+    assert (done["state"], done["epoch"], done["attempt"]) == ("DONE", 2, 2)
+
+
+async def test_a_lost_lease_at_the_last_attempt_ends_the_action(engine: Engine, aengine: AsyncEngine) -> None:
+    unwritten = enqueue(engine, max_attempts=1, lane="a")
+    written = enqueue(engine, max_attempts=1, lane="b")
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "UPDATE agent_action SET state = 'EXECUTING', epoch = 1, attempt = 1,"
+                " lease_expires_at = now() - interval '1 s',"
+                " write_started_at = CASE WHEN id = :w THEN now() END"
+            ),
+            {"w": written},
+        )
+    adapter = ScriptedAdapter(kinds.NOOP)
+    await Executor(aengine, [adapter], listen=False).run(until_idle=True)
+    assert adapter.calls == []
+    assert (row(engine, unwritten)["state"], row(engine, unwritten)["stop_reason"]) == ("FAILED", "ATTEMPTS_EXHAUSTED")
+    assert (row(engine, written)["state"], row(engine, written)["stop_reason"]) == (
+        "UNCERTAIN",
+        "LEASE_LOST_AFTER_WRITE",
+    )
+
+
+async def test_stop_hands_back_unfenced_actions_and_lets_fenced_ones_finish(
+    engine: Engine, aengine: AsyncEngine
+) -> None:
+    unfenced_id = enqueue(engine, lane="preparing")
+    fenced_id = enqueue(engine, lane="writing")
+    both_started = asyncio.Barrier(3)
+    release = asyncio.Event()
+
+    async def behaviour(attempt: ActionAttempt) -> Result:
+        if attempt.action.id == fenced_id:
+            window = await attempt.fence().begin_write()
+            await both_started.wait()
+            await release.wait()
+            window.check()
+            return Done("sent while stopping")
+        await both_started.wait()
+        await release.wait()  # still preparing when the stop comes
+        (await attempt.fence().begin_write()).check()
+        return Done("must not be sent")
+
+    executor = Executor(aengine, [ScriptedAdapter(kinds.NOOP, behaviour)], listen=False)
+    running = asyncio.create_task(executor.run())
+    await asyncio.wait_for(both_started.wait(), 10)
+    executor.stop()
+    release.set()
+    await asyncio.wait_for(running, 30)
+    handed_back = row(engine, unfenced_id)
+    assert (handed_back["state"], handed_back["attempt"], handed_back["epoch"]) == ("ADMITTED", 0, 1)
+    assert handed_back["due_in"] <= 0
+    assert (row(engine, fenced_id)["state"], row(engine, fenced_id)["readback_ref"]) == ("DONE", "sent while stopping")
+
+
+async def test_stop_cancels_an_attempt_that_does_not_reach_its_fence(engine: Engine, aengine: AsyncEngine) -> None:
+    action_id = enqueue(engine)
+    started = asyncio.Event()
+
+    async def stuck_before_fence(attempt: ActionAttempt) -> Result:
+        started.set()
+        await asyncio.Event().wait()  # never returns
+        return Done("unreachable")
+
+    executor = Executor(
+        aengine,
+        [ScriptedAdapter(kinds.NOOP, stuck_before_fence)],
+        ExecutorConfig(handback_grace_seconds=0.1),
+        listen=False,
+    )
+    running = asyncio.create_task(executor.run())
+    await asyncio.wait_for(started.wait(), 10)
+    executor.stop()
+    await asyncio.wait_for(running, 10)
+    assert (row(engine, action_id)["state"], row(engine, action_id)["attempt"]) == ("ADMITTED", 0)
+
+
+async def test_an_enqueue_wakes_an_idle_executor(engine: Engine, aengine: AsyncEngine) -> None:
+    done = asyncio.Event()
+
+    async def confirm(attempt: ActionAttempt) -> Result:
+        (await attempt.fence().begin_write()).check()
+        done.set()
+        return Done("ok")
+
+    # polling once an hour: only the notification can wake it in time
+    config = ExecutorConfig(poll_seconds=3600, sweep_seconds=3600)
+    executor = Executor(aengine, [ScriptedAdapter(kinds.NOOP, confirm)], config)
+    running = asyncio.create_task(executor.run())
+    try:
+        await until_listening(engine)
+        await asyncio.to_thread(enqueue, engine)
+        await asyncio.wait_for(done.wait(), 10)
+    finally:
+        executor.stop()
+        await running
+
+
+async def test_polling_finds_work_when_no_notification_comes(engine: Engine, aengine: AsyncEngine) -> None:
+    done = asyncio.Event()
+
+    async def confirm(attempt: ActionAttempt) -> Result:
+        done.set()
+        return Done("ok")
+
+    executor = Executor(
+        aengine, [ScriptedAdapter(kinds.NOOP, confirm)], ExecutorConfig(poll_seconds=0.05), listen=False
+    )
+    running = asyncio.create_task(executor.run())
+    try:
+        await asyncio.to_thread(enqueue, engine)
+        await asyncio.wait_for(done.wait(), 10)
+    finally:
+        executor.stop()
+        await running
+
+
+async def until_listening(engine: Engine) -> None:
+    def listening() -> bool:
+        with engine.connect() as conn:
+            return bool(
+                conn.execute(
+                    text(
+                        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                        " AND query LIKE 'LISTEN %'"
+                    )
+                ).scalar_one()
+            )
+
+    for _ in range(1000):
+        if await asyncio.to_thread(listening):
+            return
+    raise AssertionError("the executor never listened")
