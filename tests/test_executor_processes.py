@@ -6,6 +6,7 @@ the database, so nothing they claim looks expired to anyone and no action is cla
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -32,8 +33,11 @@ def enqueue_workload(engine: Engine) -> None:
             outbox.enqueue(
                 conn,
                 outbox.ActionRequest(
-                    kind=kinds.NOOP, workspace_id=1, lane_key=f"lane-{i % LANES}",
-                    idempotency_key=f"job-{i}", payload={"i": i},
+                    kind=kinds.NOOP,
+                    workspace_id=1,
+                    lane_key=f"lane-{i % LANES}",
+                    idempotency_key=f"job-{i}",
+                    payload={"i": i},
                 ),
             )
 
@@ -47,9 +51,20 @@ def start_executor(database_url: str, record: Path, skew: int) -> subprocess.Pop
         "PYTHONPATH": str(ROOT),
     }
     return subprocess.Popen(
-        [sys.executable, "-m", "outbox.cli", "run", "--adapters", "tests.adapters:recording_adapters",
-         "--concurrency", "32"],
-        env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        [
+            sys.executable,
+            "-m",
+            "outbox.cli",
+            "run",
+            "--adapters",
+            "tests.adapters:recording_adapters",
+            "--concurrency",
+            "32",
+        ],
+        env=env,
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
     )
 
 
@@ -79,7 +94,7 @@ def test_four_processes_keep_every_lane_serial_and_in_order(engine: Engine, data
         runs.sort()
         ids = [action_id for _, _, action_id in runs]
         assert ids == sorted(ids), f"{lane} ran out of id order"
-        for (_, end, before), (start, _, after) in zip(runs, runs[1:], strict=False):
+        for (_, end, before), (start, _, after) in itertools.pairwise(runs):
             assert end <= start, f"{lane}: action {after} started before action {before} ended"
     # every process took part, the skewed ones included
     assert all(record.stat().st_size > 0 for record in records)
