@@ -65,7 +65,8 @@ CLAIMED_COLUMNS = (
 )
 
 # Due lane heads, many per round trip. The lane rows are locked with SKIP LOCKED, so two replicas never
-# take one lane and neither waits; the CTEs are materialized so the LIMIT runs exactly once.
+# take one lane and neither waits; the CTEs are materialized so the LIMIT runs exactly once, and the
+# heads are found by primary key from the ready lanes, never by scanning the actions that wait.
 CLAIM_READY_HEADS = text(f"""
 WITH ready AS MATERIALIZED (
     SELECT lane_key, head_id FROM agent_lane
@@ -74,10 +75,14 @@ WITH ready AS MATERIALIZED (
      LIMIT :limit
      FOR UPDATE SKIP LOCKED
 ), heads AS MATERIALIZED (
-    SELECT a.id FROM agent_action AS a JOIN ready AS r ON a.id = r.head_id
-     WHERE a.state = 'ADMITTED' AND a.due_at <= now() AND a.kind = ANY (CAST(:kinds AS text[]))
-       AND (a.expires_at IS NULL OR a.expires_at > now())
-     FOR UPDATE OF a SKIP LOCKED
+    -- one primary-key probe per ready lane, whatever the statistics say
+    SELECT h.id FROM ready AS r
+     CROSS JOIN LATERAL (
+        SELECT a.id FROM agent_action AS a
+         WHERE a.id = r.head_id AND a.state = 'ADMITTED' AND a.due_at <= now()
+           AND a.kind = ANY (CAST(:kinds AS text[])) AND (a.expires_at IS NULL OR a.expires_at > now())
+           FOR UPDATE SKIP LOCKED
+     ) AS h
 )
 UPDATE agent_action AS a
    SET state = 'EXECUTING', epoch = a.epoch + 1, attempt = a.attempt + 1,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -320,26 +319,6 @@ def test_a_lease_must_hold_the_write_window() -> None:
 async def test_an_executor_needs_one_adapter_per_kind(aengine: AsyncEngine) -> None:
     with pytest.raises(ValueError, match="has two adapters"):
         Executor(aengine, [ScriptedAdapter(kinds.NOOP), ScriptedAdapter(kinds.NOOP)])
-
-
-async def test_expiry_uses_the_database_clock(engine: Engine, aengine: AsyncEngine) -> None:
-    """Leases and expiry are computed by the database: a skewed Python clock changes nothing."""
-    with engine.connect() as conn:
-        later = conn.execute(text("SELECT now() + interval '10 min'")).scalar_one()
-    action_id = enqueue(engine, expires_at=later)
-    import time
-
-    real = time.time
-    time.time = lambda: real() + 6 * 3600  # type: ignore[assignment]
-    try:
-        await run_once(aengine, ScriptedAdapter(kinds.NOOP))
-    finally:
-        time.time = real  # type: ignore[assignment]
-    done = row(engine, action_id)
-    assert done["state"] == "DONE"
-    with engine.connect() as conn:
-        assert conn.execute(text("SELECT max(due_at) < now() + interval '1 s' FROM agent_action")).scalar_one()
-    _ = timedelta
 
 
 def test_a_result_names_a_stop_reason_of_its_own_state() -> None:
