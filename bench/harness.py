@@ -63,13 +63,17 @@ def fresh_database(server: str, name: str) -> Iterator[tuple[str, Engine]]:
         admin.dispose()
 
 
-def start_executors(url: str, count: int, adapters: str, extra_env: dict[str, str] | None = None,
-                    *args: str) -> list[subprocess.Popen[bytes]]:
+def start_executors(
+    url: str, count: int, adapters: str, extra_env: dict[str, str] | None = None, *args: str
+) -> list[subprocess.Popen[bytes]]:
     env = {**os.environ, "OUTBOX_DATABASE_URL": url, "PYTHONPATH": str(ROOT), **(extra_env or {})}
     return [
         subprocess.Popen(
             [sys.executable, "-m", "outbox.cli", "run", "--adapters", adapters, *args],
-            env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            env=env,
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
         )
         for _ in range(count)
     ]
@@ -86,9 +90,11 @@ def wait_listening(engine: Engine, count: int, timeout: float = 60) -> None:
     deadline = time.monotonic() + timeout
     while True:
         with engine.connect() as conn:
-            listening = conn.execute(text(
-                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND query LIKE 'LISTEN %'"
-            )).scalar_one()
+            listening = conn.execute(
+                text(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND query LIKE 'LISTEN %'"
+                )
+            ).scalar_one()
         if listening >= count:
             return
         if time.monotonic() > deadline:
@@ -98,16 +104,30 @@ def wait_listening(engine: Engine, count: int, timeout: float = 60) -> None:
 
 def ended(engine: Engine, where: str = "true") -> int:
     with engine.connect() as conn:
-        return int(conn.execute(text(f"SELECT count(*) FROM agent_action WHERE ended_at IS NOT NULL AND {where}"))
-                   .scalar_one())
+        return int(
+            conn.execute(text(f"SELECT count(*) FROM agent_action WHERE ended_at IS NOT NULL AND {where}")).scalar_one()
+        )
 
 
-def wait_ended(engine: Engine, expected: int, where: str = "true", timeout: float = 600) -> float:
-    """Seconds until `expected` actions matching `where` have ended (polled every 20 ms)."""
+def unended(engine: Engine, where: str = "true") -> int:
+    """Actions not ended yet, counted from the small partial indexes (never from the ended rows)."""
+    with engine.connect() as conn:
+        return int(
+            conn.execute(
+                text(
+                    f"SELECT (SELECT count(*) FROM agent_action WHERE state IN ('PROPOSED', 'ADMITTED') AND {where})"
+                    f" + (SELECT count(*) FROM agent_action WHERE state = 'EXECUTING' AND {where})"
+                )
+            ).scalar_one()
+        )
+
+
+def wait_drained(engine: Engine, where: str = "true", timeout: float = 600) -> float:
+    """Seconds until no action matching `where` is left unended (polled every 20 ms)."""
     start = time.perf_counter()
-    while ended(engine, where) < expected:
+    while unended(engine, where) > 0:
         if time.perf_counter() - start > timeout:
-            raise RuntimeError(f"not all {expected} actions ended within {timeout} s")
+            raise RuntimeError(f"actions still unended after {timeout} s")
         time.sleep(0.02)
     return time.perf_counter() - start
 
@@ -115,9 +135,12 @@ def wait_ended(engine: Engine, expected: int, where: str = "true", timeout: floa
 def bulk_admit(engine: Engine, count: int, lanes: int, *, lane_prefix: str = "lane", start: int = 0) -> None:
     """Insert `count` ADMITTED no-op actions round-robin over `lanes` lanes, and wake the executors."""
     with engine.begin() as conn:
-        conn.execute(text("""
+        conn.execute(
+            text("""
             INSERT INTO agent_action (kind, workspace_id, lane_key, idempotency_key, payload, max_attempts, state)
             SELECT 'TEST_NOOP', 1, :prefix || '-' || (g % :lanes), :prefix || '-job-' || g, '{}', 5, 'ADMITTED'
               FROM generate_series(:start, :start + :count - 1) AS g
-        """), {"count": count, "lanes": lanes, "prefix": lane_prefix, "start": start})
+        """),
+            {"count": count, "lanes": lanes, "prefix": lane_prefix, "start": start},
+        )
         conn.execute(text("SELECT pg_notify('outbox_action', '')"))
