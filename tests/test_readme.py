@@ -6,6 +6,7 @@ import re
 from pathlib import Path
 
 from sqlalchemy import Engine, text
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 
@@ -24,3 +25,20 @@ def test_the_enqueue_example_runs(engine: Engine) -> None:
     with engine.connect() as conn:
         assert conn.execute(text("SELECT kind, state FROM agent_action")).one() == ("EMAIL", "ADMITTED")
         assert conn.execute(text("SELECT email_verified FROM account")).scalar_one() is False
+
+
+async def test_the_adapter_example_runs(engine: Engine, aengine: AsyncEngine) -> None:
+    import outbox
+    from tests import kinds
+
+    with engine.begin() as conn:
+        action = outbox.enqueue(
+            conn,
+            outbox.ActionRequest(kind=kinds.NOOP, workspace_id=1, lane_key="l", idempotency_key="ping", payload={}),
+        )
+    namespace: dict[str, object] = {"kinds": kinds}
+    exec(compile(example("adapter"), "README.md", "exec"), namespace)
+    adapter = await namespace["deliver_all"](aengine)  # type: ignore[operator]
+    assert adapter.sent == [action.id]
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT state, readback_ref FROM agent_action")).one() == ("DONE", f"ping-{action.id}")
