@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import time
 
+from sqlalchemy.ext.asyncio import AsyncEngine
+
 from outbox.executor import ActionAdapter, ActionAttempt, Done, Result
 from outbox.kinds import ActionKind
 from tests import kinds
@@ -28,7 +30,7 @@ class NoopAdapter:
         return Done("noop")
 
 
-def noop_adapters() -> list[ActionAdapter]:
+def noop_adapters(engine: AsyncEngine) -> list[ActionAdapter]:
     return [NoopAdapter(kinds.NOOP)]
 
 
@@ -41,5 +43,5 @@ class _Lines(list[str]):
         self._file.write(line)
 
 
-def pickup_adapters() -> list[ActionAdapter]:
+def pickup_adapters(engine: AsyncEngine) -> list[ActionAdapter]:
     return [NoopAdapter(kinds.NOOP, _Lines(os.environ["OUTBOX_BENCH_PICKUP_FILE"]))]

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
+from pydantic import SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -14,6 +16,17 @@ class Settings(BaseSettings):
     database_url: str | None = None
     # where the embedded PostgreSQL keeps its data when OUTBOX_DATABASE_URL is unset
     data_dir: Path = Path(".outbox")
+
+    # the SMTP relay of the email adapter (the password is never logged)
+    smtp_host: str = "127.0.0.1"
+    smtp_port: int = 8025
+    smtp_sender: str = "outbox@localhost"
+    smtp_sender_name: str = "outbox"
+    smtp_tls: Literal["auto", "starttls", "implicit", "none"] = "auto"
+    smtp_username: str | None = None
+    smtp_password: SecretStr | None = None
+    smtp_timeout_seconds: float = 30.0
+    smtp_ca_file: Path | None = None
 
 
 def load_settings() -> Settings:

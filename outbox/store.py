@@ -59,7 +59,8 @@ REFUSE_PROPOSAL = decide_pending("CANCELLED", "PROPOSAL_REFUSED", ("PROPOSED",))
 # ---- the executor --------------------------------------------------------------------------------
 
 CLAIMED_COLUMNS = (
-    "a.id, a.kind, a.lane_key, a.workspace_id, a.subject_account_id, a.payload, a.attempt, a.max_attempts,"
+    "a.id, a.kind, a.lane_key, a.idempotency_key, a.workspace_id, a.subject_account_id, a.payload, a.attempt,"
+    " a.max_attempts,"
     " a.epoch, a.write_started_at, a.due_at, a.lease_expires_at,"
     " extract(epoch FROM a.lease_expires_at - now())::float8 AS lease_seconds"
 )

@@ -14,6 +14,8 @@ import random
 import time
 from collections.abc import Awaitable, Callable
 
+from sqlalchemy.ext.asyncio import AsyncEngine
+
 from outbox.executor import ActionAdapter, ActionAttempt, Done, Result
 from outbox.executor.attempt import ClaimedAction
 from outbox.kinds import ActionKind
@@ -72,7 +74,7 @@ class _FileRecord(list[list[object]]):
         self._file.write(json.dumps(entry) + "\n")
 
 
-def recording_adapters() -> list[ActionAdapter]:
+def recording_adapters(engine: AsyncEngine) -> list[ActionAdapter]:
     """The adapters of an executor process in the lanes test. OUTBOX_TEST_CLOCK_SKEW_SECONDS moves this
     process's wall clock, to show that leases and due times never read it."""
     skew = float(os.environ.get("OUTBOX_TEST_CLOCK_SKEW_SECONDS", "0"))

@@ -33,6 +33,7 @@ class ClaimedAction:
     id: int
     kind: ActionKind
     lane_key: str
+    idempotency_key: str
     workspace_id: int | None
     subject_account_id: int | None
     payload: Any

@@ -227,6 +227,7 @@ class Executor:
             id=row.id,
             kind=ActionKind.get(row.kind),
             lane_key=row.lane_key,
+            idempotency_key=row.idempotency_key,
             workspace_id=row.workspace_id,
             subject_account_id=row.subject_account_id,
             payload=row.payload,

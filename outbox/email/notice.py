@@ -1,0 +1,134 @@
+"""EmailNotice: one kind of email, prepared from its event at enqueue and again before every attempt.
+
+    event (identifiers) ──recipients query──▶ rows (address, display_name) ──compose──▶ PreparedEmail
+    enqueue: nobody found ─▶ InvalidRequest          attempt: nobody found ─▶ CANCELLED / NOT_WANTED
+
+A notice is declarative: a SQL query that finds who should receive it now (so a person who unsubscribed,
+lost the role or lost the address drops out), and a function that writes the text. The same query runs on
+the caller's sync connection at enqueue and on the adapter's async connection before each attempt.
+The action's payload is `{"notice": name, "event": {...}}`.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any, ClassVar
+
+from sqlalchemy import TextClause
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from outbox.action import Action
+from outbox.email.message import Draft, PreparedEmail, Recipient
+from outbox.enqueue import AsyncConn, SyncConnection, enqueue, enqueue_async
+from outbox.errors import InvalidRequest, OutboxError
+from outbox.kinds import ActionKind
+from outbox.requests import ActionRequest
+
+
+class UnknownNotice(OutboxError, LookupError):
+    def __init__(self, name: object) -> None:
+        known = ", ".join(sorted(_NOTICES)) or "none"
+        super().__init__(f"no email notice is registered as {name!r} (registered: {known})")
+
+
+class EmailNotice(ABC):
+    """Subclass once per kind of email and `register` an instance."""
+
+    # the name stored in the payload; never change it while actions of it may be pending
+    name: ClassVar[str]
+    # True: the email belongs to a workspace (workspace_id set); False: to one account (instance level)
+    workspace_scoped: ClassVar[bool]
+    # SELECT address, display_name ... : who receives it now; binds the parameters `params` returns
+    recipients_query: ClassVar[TextClause]
+
+    @abstractmethod
+    def params(self, event: dict[str, Any]) -> dict[str, Any]:
+        """The query's parameters from the event; raise InvalidRequest for an event that is malformed."""
+
+    @abstractmethod
+    def compose(self, event: dict[str, Any], recipients: tuple[Recipient, ...]) -> Draft: ...
+
+    @abstractmethod
+    def idempotency_key(self, event: dict[str, Any]) -> str: ...
+
+    @abstractmethod
+    def lane_key(self, event: dict[str, Any]) -> str: ...
+
+    def workspace_id(self, event: dict[str, Any]) -> int | None:
+        return int(event["workspace_id"]) if self.workspace_scoped else None
+
+    def subject_account_id(self, event: dict[str, Any]) -> int | None:
+        """The account the email addresses (erasing it deletes the action); None for a group."""
+        return None
+
+    def prepared(self, event: dict[str, Any], rows: list[Any]) -> PreparedEmail | None:
+        recipients = tuple(Recipient(row.address, row.display_name or "") for row in rows)
+        if not recipients:
+            return None
+        draft = self.compose(event, recipients)
+        email = PreparedEmail(recipients, draft.subject, draft.text)
+        email.check()
+        return email
+
+    def prepare(self, conn: SyncConnection, event: dict[str, Any]) -> PreparedEmail | None:
+        """The email as it would go now, or None when it would reach nobody."""
+        return self.prepared(event, list(conn.execute(self.recipients_query, self.params(event))))
+
+    async def prepare_async(self, conn: AsyncConnection, event: dict[str, Any]) -> PreparedEmail | None:
+        return self.prepared(event, list(await conn.execute(self.recipients_query, self.params(event))))
+
+    def request(self, event: dict[str, Any], *, max_attempts: int = 5) -> ActionRequest:
+        return ActionRequest(
+            kind=ActionKind.EMAIL,
+            lane_key=self.lane_key(event),
+            idempotency_key=self.idempotency_key(event),
+            payload={"notice": self.name, "event": event},
+            workspace_id=self.workspace_id(event),
+            subject_account_id=self.subject_account_id(event),
+            max_attempts=max_attempts,
+        )
+
+
+_NOTICES: dict[str, EmailNotice] = {}
+
+
+def register(notice: EmailNotice) -> EmailNotice:
+    known = _NOTICES.get(notice.name)
+    if known is not None and known is not notice:
+        raise ValueError(f"an email notice named {notice.name!r} is already registered")
+    _NOTICES[notice.name] = notice
+    return notice
+
+
+def notice_named(name: object) -> EmailNotice:
+    notice = _NOTICES.get(name) if isinstance(name, str) else None
+    if notice is None:
+        raise UnknownNotice(name)
+    return notice
+
+
+def notice_of(payload: Any) -> tuple[EmailNotice, dict[str, Any]]:
+    """The notice and event an EMAIL action's payload holds."""
+    if not isinstance(payload, dict) or not isinstance(payload.get("event"), dict):
+        raise InvalidRequest("payload", 'an EMAIL payload is {"notice": name, "event": {...}}')
+    return notice_named(payload.get("notice")), payload["event"]
+
+
+def _refuse_nobody(notice: EmailNotice) -> InvalidRequest:
+    return InvalidRequest("event", f"the {notice.name} notice would reach nobody (no recipient wants it now)")
+
+
+def enqueue_email(conn: SyncConnection, notice: EmailNotice, event: dict[str, Any], **options: Any) -> Action:
+    """Prepare the notice now (refused if it reaches nobody) and enqueue it in the caller's transaction."""
+    notice_named(notice.name)
+    if notice.prepare(conn, event) is None:
+        raise _refuse_nobody(notice)
+    return enqueue(conn, notice.request(event, **options))
+
+
+async def enqueue_email_async(conn: AsyncConn, notice: EmailNotice, event: dict[str, Any], **options: Any) -> Action:
+    notice_named(notice.name)
+    connection = conn if isinstance(conn, AsyncConnection) else await conn.connection()
+    if await notice.prepare_async(connection, event) is None:
+        raise _refuse_nobody(notice)
+    return await enqueue_async(conn, notice.request(event, **options))

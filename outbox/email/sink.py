@@ -1,0 +1,154 @@
+"""SmtpSink: a local SMTP server (aiosmtpd, 127.0.0.1) that keeps what it receives and fails on request.
+
+    relay faults (per stage) ──▶ aiosmtpd handler ──▶ Received (envelope, Message-ID, data) kept in memory
+
+Tests inject one fault per stage (a reply to MAIL, RCPT or DATA, a login refusal, a drop or a stall after
+DATA); the demo sets `flaky` to fail a share of deliveries the way real relays do. A message is kept
+as soon as its content arrived, also when the connection is then dropped or stalled, because a real
+relay may deliver such a message: that is what makes the at-most-once rule matter.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import ssl
+import threading
+from collections import Counter
+from dataclasses import dataclass, field
+from email import message_from_bytes
+from typing import Any, Literal
+
+from aiosmtpd.controller import Controller
+from aiosmtpd.smtp import SMTP as SmtpServer
+from aiosmtpd.smtp import AuthResult, Envelope, LoginPassword, Session
+
+
+@dataclass
+class Faults:
+    mail: str | None = None  # the reply to MAIL FROM, e.g. "451 4.3.0 try later"
+    rcpt: dict[str, str] = field(default_factory=dict)  # address -> reply to its RCPT TO
+    data: str | None = None  # the reply once the content arrived, e.g. "554 5.7.1 refused"
+    after_data: Literal["drop", "stall"] | None = None  # keep the message, then drop or never answer
+    # the demo's relay: this share of deliveries fails, half with a 451 at RCPT, half dropped after DATA
+    flaky: float = 0.0
+
+
+@dataclass(frozen=True)
+class Received:
+    mail_from: str
+    rcpt_tos: tuple[str, ...]
+    message_id: str
+    subject: str
+    data: bytes
+
+
+class _Handler:
+    def __init__(self, sink: SmtpSink) -> None:
+        self.sink = sink
+
+    async def handle_MAIL(
+        self, server: SmtpServer, session: Session, envelope: Envelope, address: str, options: list[str]
+    ) -> str:
+        if self.sink.faults.mail:
+            return self.sink.faults.mail
+        envelope.mail_from = address
+        return "250 OK"
+
+    async def handle_RCPT(
+        self, server: SmtpServer, session: Session, envelope: Envelope, address: str, options: list[str]
+    ) -> str:
+        reply = self.sink.faults.rcpt.get(address)
+        if reply:
+            return reply
+        if self.sink.faults.flaky and self.sink.rng.random() < self.sink.faults.flaky / 2:
+            return "451 4.7.1 greylisted, try again later"
+        envelope.rcpt_tos.append(address)
+        return "250 OK"
+
+    async def handle_DATA(self, server: SmtpServer, session: Session, envelope: Envelope) -> str:
+        faults = self.sink.faults
+        if faults.data:
+            return faults.data
+        self.sink.keep(envelope)
+        drop = faults.after_data == "drop" or (faults.flaky and self.sink.rng.random() < faults.flaky / 2)
+        if drop:
+            transport = server.transport
+            assert isinstance(transport, asyncio.Transport)
+            transport.abort()
+            return "250 dropped before the reply"  # never reaches the client
+        if faults.after_data == "stall":
+            await asyncio.Event().wait()  # until the sink stops
+        return f"250 2.0.0 queued as {len(self.sink.received)}"
+
+
+class SmtpSink:
+    """Start with `start()`, stop with `stop()`; `received` holds every message kept."""
+
+    def __init__(
+        self,
+        port: int = 0,
+        *,
+        faults: Faults | None = None,
+        tls_context: ssl.SSLContext | None = None,
+        credentials: tuple[str, str] | None = None,
+        seed: int | None = None,
+    ) -> None:
+        self.faults = faults or Faults()
+        self.rng = random.Random(seed)
+        self.received: list[Received] = []
+        self.data_arrived = threading.Event()
+        self._lock = threading.Lock()
+        self._credentials = credentials
+        options: dict[str, Any] = {}
+        if tls_context is not None:
+            options["tls_context"] = tls_context
+        if credentials is not None:
+            options.update(authenticator=self._authenticate, auth_require_tls=False, auth_required=True)
+        self._controller = Controller(_Handler(self), hostname="127.0.0.1", port=port or _free_port(), **options)
+
+    @property
+    def port(self) -> int:
+        return int(self._controller.port)
+
+    def start(self) -> SmtpSink:
+        self._controller.start()
+        return self
+
+    def stop(self) -> None:
+        self._controller.stop()
+
+    def keep(self, envelope: Envelope) -> None:
+        content = envelope.content if isinstance(envelope.content, bytes) else str(envelope.content).encode()
+        parsed = message_from_bytes(content)
+        received = Received(
+            mail_from=str(envelope.mail_from),
+            rcpt_tos=tuple(envelope.rcpt_tos),
+            message_id=str(parsed.get("Message-ID", "")),
+            subject=str(parsed.get("Subject", "")),
+            data=content,
+        )
+        with self._lock:
+            self.received.append(received)
+        self.data_arrived.set()
+
+    def count_by_message_id(self) -> Counter[str]:
+        with self._lock:
+            return Counter(r.message_id for r in self.received)
+
+    def _authenticate(
+        self, server: SmtpServer, session: Session, envelope: Envelope, mechanism: str, auth_data: Any
+    ) -> AuthResult:
+        ok = isinstance(auth_data, LoginPassword) and self._credentials == (
+            auth_data.login.decode(),
+            auth_data.password.decode(),
+        )
+        return AuthResult(success=ok, handled=False)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])

@@ -1,0 +1,381 @@
+"""The EMAIL kind against a real SMTP server (aiosmtpd on 127.0.0.1) with one injected fault per test.
+
+Each test enqueues through the example application's notices, drains, and asserts the action's state,
+stop reason and attempts, and exactly what the sink received (messages counted by Message-ID).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import ssl
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine, text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from examples.accounts import notices, schema
+from outbox import InvalidRequest
+from outbox.email import EmailAdapter, SmtpSettings, UnknownNotice, enqueue_email, message_id, notice_named
+from outbox.email.sink import Faults, SmtpSink
+from outbox.executor import Executor
+from outbox.testing import drain
+
+ROOT = Path(__file__).resolve().parent.parent
+ALICE, BOB = "alice@example.com", "bob@example.com"
+ALERT = {"workspace_id": 10, "alert_id": 100}
+VERIFY = {"account_id": 4}
+
+
+@pytest.fixture
+def app(engine: Engine) -> Engine:
+    """The example application: workspace 10 with two admins (Alice, Bob) and a member; Carol unverified."""
+    with engine.begin() as conn:
+        schema.create(conn)
+        conn.execute(
+            text("""
+            INSERT INTO app_account VALUES (1, 'Alice', 'alice@example.com', true), (2, 'Bob', 'bob@example.com', true),
+                (3, 'Mallory', 'member@example.com', true), (4, 'Carol', 'carol@example.com', false);
+            INSERT INTO app_workspace VALUES (10, 'Research');
+            INSERT INTO app_membership VALUES (10, 1, 'admin'), (10, 2, 'admin'), (10, 3, 'member');
+            INSERT INTO app_alert VALUES (100, 10, 'Disk full', 'The disk is full.');
+        """)
+        )
+    return engine
+
+
+@pytest.fixture
+def sink() -> Iterator[SmtpSink]:
+    server = SmtpSink().start()
+    yield server
+    server.stop()
+
+
+def settings(port: int, **changes: Any) -> SmtpSettings:
+    values: dict[str, Any] = {"host": "127.0.0.1", "port": port, "sender": "outbox@example.com", "timeout_seconds": 2}
+    values.update(changes)
+    return SmtpSettings(**values)
+
+
+def enqueue(app: Engine, notice: Any = notices.WORKSPACE_ALERT, event: dict[str, Any] | None = None) -> int:
+    with app.begin() as conn:
+        return enqueue_email(conn, notice, event or ALERT).id
+
+
+def action(app: Engine, action_id: int) -> tuple[str, str | None, int]:
+    with app.connect() as conn:
+        found = conn.execute(
+            text("SELECT state, stop_reason, attempt FROM agent_action WHERE id = :id"), {"id": action_id}
+        ).one()
+    return found.state, found.stop_reason, found.attempt
+
+
+async def attempt_once(aengine: AsyncEngine, smtp: SmtpSettings) -> None:
+    await Executor(aengine, [EmailAdapter(aengine, smtp)], listen=False).run(until_idle=True)
+
+
+CASES = [
+    ("250", Faults(), ("DONE", "CONFIRMED", 1), 1),
+    ("451 to MAIL", Faults(mail="451 4.3.0 try later"), ("ADMITTED", None, 1), 0),
+    ("550 to MAIL", Faults(mail="550 5.7.1 sender refused"), ("FAILED", "PROVIDER_REFUSED", 1), 0),
+    ("450 to one RCPT of two", Faults(rcpt={BOB: "450 4.2.1 mailbox busy"}), ("ADMITTED", None, 1), 0),
+    ("450 to every RCPT", Faults(rcpt={ALICE: "450 4.2.1 busy", BOB: "450 4.2.1 busy"}), ("ADMITTED", None, 1), 0),
+    ("550 to one RCPT of two", Faults(rcpt={BOB: "550 5.1.1 no such user"}), ("DONE", "CONFIRMED", 1), 1),
+    (
+        "550 to every RCPT",
+        Faults(rcpt={ALICE: "550 5.1.1 no", BOB: "550 5.1.1 no"}),
+        ("FAILED", "PROVIDER_REFUSED", 1),
+        0,
+    ),
+    ("452 to DATA", Faults(data="452 4.3.1 insufficient storage"), ("ADMITTED", None, 1), 0),
+    ("554 to DATA", Faults(data="554 5.7.1 message refused"), ("FAILED", "PROVIDER_REFUSED", 1), 0),
+    ("dropped after DATA", Faults(after_data="drop"), ("UNCERTAIN", "PROVIDER_UNCERTAIN", 1), 1),
+    ("no answer after DATA", Faults(after_data="stall"), ("UNCERTAIN", "PROVIDER_UNCERTAIN", 1), 1),
+]
+
+
+@pytest.mark.parametrize(("faults", "expected", "messages"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+async def test_each_smtp_stage_and_reply(
+    app: Engine, aengine: AsyncEngine, sink: SmtpSink, faults: Faults, expected: tuple[Any, ...], messages: int
+) -> None:
+    sink.faults = faults
+    action_id = enqueue(app)
+    await attempt_once(aengine, settings(sink.port))
+    assert action(app, action_id) == expected
+    expected_id = message_id("workspace_alert:100", "example.com")
+    assert sink.count_by_message_id() == ({expected_id: 1} if messages else {})
+
+
+async def test_a_250_is_done_with_the_relays_reply_and_a_stable_message_id(
+    app: Engine, aengine: AsyncEngine, sink: SmtpSink
+) -> None:
+    action_id = enqueue(app)
+    await attempt_once(aengine, settings(sink.port))
+    with app.connect() as conn:
+        reference = conn.execute(text("SELECT readback_ref FROM agent_action WHERE id = :id"), {"id": action_id})
+        assert reference.scalar_one().startswith("250 2.0.0 queued as")
+    [received] = sink.received
+    assert received.rcpt_tos == (ALICE, BOB)  # the admins, not the member
+    assert received.message_id == message_id("workspace_alert:100", "example.com")
+    assert message_id("workspace_alert:100", "example.com") == received.message_id  # any replica computes it
+
+
+async def test_a_refused_recipient_does_not_stop_the_others(app: Engine, aengine: AsyncEngine, sink: SmtpSink) -> None:
+    sink.faults = Faults(rcpt={BOB: "550 5.1.1 no such user"})
+    enqueue(app)
+    await attempt_once(aengine, settings(sink.port))
+    assert [r.rcpt_tos for r in sink.received] == [(ALICE,)]
+
+
+async def test_a_connection_refused_is_retried(app: Engine, aengine: AsyncEngine) -> None:
+    closed = SmtpSink()  # never started: nothing listens on its port
+    action_id = enqueue(app)
+    await attempt_once(aengine, settings(closed.port))
+    assert action(app, action_id) == ("ADMITTED", None, 1)
+
+
+async def test_a_421_greeting_is_retried(app: Engine, aengine: AsyncEngine) -> None:
+    async def busy(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(b"421 4.3.2 service not available\r\n")
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(busy, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    action_id = enqueue(app)
+    async with server:
+        await attempt_once(aengine, settings(port))
+    assert action(app, action_id) == ("ADMITTED", None, 1)
+
+
+async def test_a_535_login_is_retried_and_a_good_login_sends(app: Engine, aengine: AsyncEngine) -> None:
+    relay = SmtpSink(credentials=("outbox", "right")).start()
+    try:
+        action_id = enqueue(app)
+        await attempt_once(aengine, settings(relay.port, username="outbox", password="wrong"))
+        assert action(app, action_id) == ("ADMITTED", None, 1) and relay.received == []
+        await drain(aengine, [EmailAdapter(aengine, settings(relay.port, username="outbox", password="right"))])
+        assert action(app, action_id) == ("DONE", "CONFIRMED", 2) and len(relay.received) == 1
+    finally:
+        relay.stop()
+
+
+async def test_an_unsubscribe_between_two_attempts_sends_nothing(
+    app: Engine, aengine: AsyncEngine, sink: SmtpSink
+) -> None:
+    sink.faults = Faults(mail="451 4.3.0 try later")
+    action_id = enqueue(app)
+    await attempt_once(aengine, settings(sink.port))
+    with app.begin() as conn:  # both admins unsubscribe while the action waits out its backoff
+        conn.execute(text("INSERT INTO app_unsubscription VALUES (1, 'workspace_alert'), (2, 'workspace_alert')"))
+    sink.faults = Faults()
+    await drain(aengine, [EmailAdapter(aengine, settings(sink.port))])
+    assert action(app, action_id) == ("CANCELLED", "NOT_WANTED", 2)
+    assert sink.received == []
+
+
+async def test_a_retry_reaches_only_who_still_wants_it(app: Engine, aengine: AsyncEngine, sink: SmtpSink) -> None:
+    sink.faults = Faults(mail="451 4.3.0 try later")
+    enqueue(app)
+    await attempt_once(aengine, settings(sink.port))
+    with app.begin() as conn:  # Bob lost the admin role, Alice lost her address
+        conn.execute(text("UPDATE app_membership SET role = 'member' WHERE account_id = 2"))
+        conn.execute(text("INSERT INTO app_membership VALUES (10, 4, 'admin')"))
+        conn.execute(text("UPDATE app_account SET email_verified = true WHERE id = 4"))
+        conn.execute(text("UPDATE app_account SET email = NULL WHERE id = 1"))
+    sink.faults = Faults()
+    await drain(aengine, [EmailAdapter(aengine, settings(sink.port))])
+    assert [r.rcpt_tos for r in sink.received] == [("carol@example.com",)]
+
+
+async def test_the_instance_level_notice_stops_once_the_address_is_verified(
+    app: Engine, aengine: AsyncEngine, sink: SmtpSink
+) -> None:
+    first = enqueue(app, notices.VERIFY_ADDRESS, VERIFY)
+    with app.connect() as conn:
+        row = conn.execute(
+            text("SELECT workspace_id, subject_account_id FROM agent_action WHERE id = :id"), {"id": first}
+        ).one()
+    assert tuple(row) == (None, 4)
+    with app.begin() as conn:
+        conn.execute(text("UPDATE app_account SET email_verified = true WHERE id = 4"))
+    await drain(aengine, [EmailAdapter(aengine, settings(sink.port))])
+    assert action(app, first) == ("CANCELLED", "NOT_WANTED", 1) and sink.received == []
+
+
+def test_a_notice_that_reaches_nobody_is_refused_at_enqueue(app: Engine) -> None:
+    with app.begin() as conn:
+        conn.execute(text("UPDATE app_account SET email_verified = true WHERE id = 4"))
+    with app.connect() as conn, pytest.raises(InvalidRequest, match="verify_address notice would reach nobody"):
+        enqueue_email(conn, notices.VERIFY_ADDRESS, VERIFY)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (
+            "UPDATE app_account SET display_name = E'Alice\\r\\nBcc: eve@evil.example' WHERE id = 1",
+            "recipient 1 display name: contains a line break",
+        ),
+        (
+            "UPDATE app_account SET email = E'alice@example.com\\r\\nBcc: eve@evil.example' WHERE id = 1",
+            "recipient 1 address: contains a line break",
+        ),
+        ("UPDATE app_account SET email = 'not an address' WHERE id = 1", "recipient 1 address: is not a valid"),
+    ],
+)
+def test_header_injection_and_bad_addresses_are_refused_at_enqueue(app: Engine, change: str, message: str) -> None:
+    with app.begin() as conn:
+        conn.execute(text(change))
+    with app.connect() as conn:
+        with pytest.raises(InvalidRequest, match=message) as refused:
+            enqueue_email(conn, notices.WORKSPACE_ALERT, ALERT)
+        assert "evil" not in str(refused.value) and "not an address" not in str(refused.value)
+        assert conn.execute(text("SELECT count(*) FROM agent_action")).scalar_one() == 0
+
+
+def test_a_malformed_event_and_an_unknown_notice_are_named(app: Engine) -> None:
+    with app.connect() as conn, pytest.raises(InvalidRequest, match="needs a positive integer alert_id"):
+        enqueue_email(conn, notices.WORKSPACE_ALERT, {"workspace_id": 10})
+    with pytest.raises(UnknownNotice, match="no email notice is registered as 'birthday'"):
+        notice_named("birthday")
+
+
+async def test_the_recipient_never_reaches_the_logs(
+    app: Engine, aengine: AsyncEngine, sink: SmtpSink, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    sink.faults = Faults(rcpt={BOB: "550 5.1.1 <bob@example.com> unknown"}, after_data="drop")
+    enqueue(app)
+    await attempt_once(aengine, settings(sink.port))
+    logged = "\n".join(r.getMessage() for r in caplog.records if r.name.startswith("outbox"))
+    assert "UNCERTAIN" in logged
+    assert "example.com" not in logged and "Disk full" not in logged
+
+
+@pytest.fixture(scope="module")
+def certificate(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    folder = tmp_path_factory.mktemp("tls")
+    cert, key = folder / "cert.pem", folder / "key.pem"
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    return cert, key
+
+
+async def test_starttls_with_a_self_signed_certificate(
+    app: Engine, aengine: AsyncEngine, certificate: tuple[Path, Path]
+) -> None:
+    cert, key = certificate
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(cert, key)
+    relay = SmtpSink(tls_context=context).start()
+    try:
+        action_id = enqueue(app)
+        await attempt_once(aengine, settings(relay.port, tls="starttls", ca_file=cert))
+        assert action(app, action_id) == ("DONE", "CONFIRMED", 1) and len(relay.received) == 1
+    finally:
+        relay.stop()
+
+
+async def test_a_relay_without_starttls_is_refused_when_tls_is_required(
+    app: Engine, aengine: AsyncEngine, sink: SmtpSink
+) -> None:
+    action_id = enqueue(app)
+    await attempt_once(aengine, settings(sink.port, tls="starttls"))
+    assert action(app, action_id) == ("ADMITTED", None, 1) and sink.received == []
+
+
+def test_tls_is_required_by_default_off_loopback() -> None:
+    assert settings(25, host="smtp.example.com").effective_tls == "starttls"
+    assert settings(25, host="127.0.0.1").effective_tls == "none"
+    with pytest.raises(InvalidRequest, match="smtp sender"):
+        settings(25, sender="nobody")
+
+
+async def test_an_executor_killed_during_data_never_sends_twice(
+    app: Engine, aengine: AsyncEngine, sink: SmtpSink, database_url: str
+) -> None:
+    import os
+    import signal
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    sink.faults = Faults(after_data="stall")  # the message arrives, the reply never does
+    action_id = enqueue(app)
+    env = {
+        **os.environ,
+        "OUTBOX_DATABASE_URL": database_url,
+        "OUTBOX_SMTP_PORT": str(sink.port),
+        "OUTBOX_SMTP_SENDER": "outbox@example.com",
+        "PYTHONPATH": str(root),
+    }
+    executor = subprocess.Popen(
+        [sys.executable, "-m", "outbox.cli", "run", "--adapters", "examples.accounts:adapters"],
+        env=env,
+        cwd=root,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        assert await asyncio.to_thread(sink.data_arrived.wait, 60), "the executor never reached DATA"
+    finally:
+        executor.send_signal(signal.SIGKILL)
+        executor.wait(10)
+    with app.begin() as conn:
+        held = conn.execute(
+            text("SELECT state, write_started_at IS NOT NULL FROM agent_action WHERE id = :id"), {"id": action_id}
+        ).one()
+        assert tuple(held) == ("EXECUTING", True)
+        # the lease runs out
+        conn.execute(
+            text("UPDATE agent_action SET lease_expires_at = now() - interval '1 s' WHERE id = :id"), {"id": action_id}
+        )
+    sink.faults = Faults()  # the relay is healthy again: a second send would arrive
+    await drain(aengine, [EmailAdapter(aengine, settings(sink.port))])
+    assert action(app, action_id) == ("UNCERTAIN", "LEASE_LOST_AFTER_WRITE", 1)
+    assert sink.count_by_message_id() == {message_id("workspace_alert:100", "example.com"): 1}
+
+
+def start_executor_process(database_url: str, smtp_port: int) -> subprocess.Popen[bytes]:
+    """`outbox run` with the example application's adapters, as a replica would run it."""
+    env = {
+        **os.environ,
+        "OUTBOX_DATABASE_URL": database_url,
+        "OUTBOX_SMTP_PORT": str(smtp_port),
+        "OUTBOX_SMTP_SENDER": "outbox@example.com",
+        "PYTHONPATH": str(ROOT),
+    }
+    return subprocess.Popen(
+        [sys.executable, "-m", "outbox.cli", "run", "--adapters", "examples.accounts:adapters"],
+        env=env,
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
