@@ -322,27 +322,9 @@ def test_tls_is_required_by_default_off_loopback() -> None:
 async def test_an_executor_killed_during_data_never_sends_twice(
     app: Engine, aengine: AsyncEngine, sink: SmtpSink, database_url: str
 ) -> None:
-    import os
-    import signal
-    import sys
-
-    root = Path(__file__).resolve().parent.parent
     sink.faults = Faults(after_data="stall")  # the message arrives, the reply never does
     action_id = enqueue(app)
-    env = {
-        **os.environ,
-        "OUTBOX_DATABASE_URL": database_url,
-        "OUTBOX_SMTP_PORT": str(sink.port),
-        "OUTBOX_SMTP_SENDER": "outbox@example.com",
-        "PYTHONPATH": str(root),
-    }
-    executor = subprocess.Popen(
-        [sys.executable, "-m", "outbox.cli", "run", "--adapters", "examples.accounts:adapters"],
-        env=env,
-        cwd=root,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    executor = start_executor_process(database_url, sink.port)
     try:
         assert await asyncio.to_thread(sink.data_arrived.wait, 60), "the executor never reached DATA"
     finally:
