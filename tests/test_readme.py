@@ -42,3 +42,19 @@ async def test_the_adapter_example_runs(engine: Engine, aengine: AsyncEngine) ->
     assert adapter.sent == [action.id]
     with engine.connect() as conn:
         assert conn.execute(text("SELECT state, readback_ref FROM agent_action")).one() == ("DONE", f"ping-{action.id}")
+
+
+def test_the_email_example_runs(engine: Engine) -> None:
+    from examples.accounts import schema
+
+    with engine.begin() as conn:
+        schema.create(conn)
+        conn.execute(text("INSERT INTO app_account VALUES (1, 'Alice', 'alice@example.com', true)"))
+        conn.execute(text("INSERT INTO app_workspace VALUES (10, 'Research')"))
+        conn.execute(text("INSERT INTO app_membership VALUES (10, 1, 'admin')"))
+    exec(compile(example("email"), "README.md", "exec"), {"engine": engine})
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT kind, payload FROM agent_action")).one() == (
+            "EMAIL",
+            {"notice": "workspace_alert", "event": {"workspace_id": 10, "alert_id": 101}},
+        )
