@@ -62,7 +62,8 @@ CLAIMED_COLUMNS = (
     "a.id, a.kind, a.lane_key, a.idempotency_key, a.workspace_id, a.subject_account_id, a.payload, a.attempt,"
     " a.max_attempts,"
     " a.epoch, a.write_started_at, a.due_at, a.lease_expires_at,"
-    " extract(epoch FROM a.lease_expires_at - now())::float8 AS lease_seconds"
+    " extract(epoch FROM a.lease_expires_at - now())::float8 AS lease_seconds,"
+    " extract(epoch FROM now() - a.due_at)::float8 AS pickup_seconds"
 )
 
 # Due lane heads, many per round trip. The lane rows are locked with SKIP LOCKED, so two replicas never
@@ -174,6 +175,20 @@ UPDATE agent_action AS a
        AS f (id, epoch, state, stop_reason, readback_ref, delay, uncount, fence, prior_write)
  WHERE a.id = f.id AND a.epoch = f.epoch AND a.state = 'EXECUTING'
 RETURNING a.id
+""")
+
+# ---- metrics ------------------------------------------------------------------------------------------
+
+# Tallies are only added; the exporter merges them (MERGE_*), so a counter never goes backwards.
+ADD_ATTEMPT_TALLIES = text("""
+INSERT INTO agent_action_attempt_tally (kind, result, recorded, n)
+SELECT * FROM unnest(CAST(:kinds AS text[]), CAST(:results AS text[]), CAST(:recorded AS boolean[]),
+                     CAST(:counts AS bigint[]))
+""")
+ADD_LATENCY_TALLIES = text("""
+INSERT INTO agent_action_latency_tally (kind, metric, le, n, total)
+SELECT * FROM unnest(CAST(:kinds AS text[]), CAST(:metrics AS text[]), CAST(:les AS float8[]),
+                     CAST(:counts AS bigint[]), CAST(:totals AS float8[]))
 """)
 
 # ---- tests and operators ----------------------------------------------------------------------------

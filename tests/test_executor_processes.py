@@ -78,12 +78,15 @@ def test_four_processes_keep_every_lane_serial_and_in_order(engine: Engine, data
     records = [tmp_path / f"executor-{n}.jsonl" for n in range(len(SKEWS))]
     processes = [start_executor(database_url, record, skew) for record, skew in zip(records, SKEWS, strict=True)]
     try:
-        until(lambda: ended(engine) == ACTIONS, timeout=240, what="every action to end")
-    finally:
-        for process in processes:
-            process.send_signal(signal.SIGTERM)
-        codes = [process.wait(timeout=60) for process in processes]
-    assert codes == [0, 0, 0, 0], [p.stderr.read().decode()[-2000:] for p in processes if p.stderr]
+        until(lambda: ended(engine) == ACTIONS, timeout=120, what="every action to end")
+        finished = True
+    except AssertionError:
+        finished = False
+    for process in processes:
+        process.send_signal(signal.SIGTERM)
+    codes = [process.wait(timeout=60) for process in processes]
+    logs = [p.stderr.read().decode()[-3000:] for p in processes if p.stderr]
+    assert finished and codes == [0, 0, 0, 0], logs
 
     attempts = [json.loads(line) for record in records for line in record.read_text().splitlines()]
     by_lane: dict[str, list[tuple[int, int, int]]] = defaultdict(list)

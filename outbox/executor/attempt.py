@@ -45,6 +45,8 @@ class ClaimedAction:
     due_at: datetime
     # the lease left when the claim committed, on the database clock
     lease_seconds: float
+    # due to claim, on the database clock; None for a reclaim after a lost lease
+    pickup_seconds: float | None = None
 
 
 class FenceRefused(OutboxError):

@@ -1,9 +1,9 @@
-"""Group commit: the fences and finishing writes of concurrent attempts, many per short transaction.
+"""Group commit: the fences and results of concurrent attempts, many per short transaction.
 
-    attempts ──(FenceWrite | FinishWrite, future)──▶ queue ──▶ one transaction:
+    attempts ──(fence | result + FinishWrite + AttemptReport, future)──▶ queue ──▶ one transaction:
         lock the rows (and, for a state change, the lane rows) with SKIP LOCKED
         fence:  write_started_at where epoch and state still match and the lease covers the window
-        finish: the result's state where epoch and state still match
+        result: the result's state where epoch and state still match; then the attempt tallies
     commit ──▶ resolve each future. A row someone else holds waits for the next transaction.
 
 Every write names its own epoch, so batching never lets one attempt write for another, and a future
@@ -15,6 +15,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
 import psycopg
@@ -44,11 +46,30 @@ class FinishWrite:
     fence: str = "keep"
 
 
+@dataclass(frozen=True)
+class AttemptReport:
+    """What the metrics count of one attempt, tallied in the transaction of its result."""
+
+    result: str
+    attempt_seconds: float
+    # due to claim; None for a reclaim after a lost lease, whose due time is long past
+    pickup_seconds: float | None
+
+
+# Upper bounds (seconds) of the attempt duration and pickup delay histograms.
+LATENCY_BUCKETS = (
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0,
+    math.inf,
+)  # fmt: skip
+
+
 @dataclass
 class _Pending:
     action: ClaimedAction
-    finish: FinishWrite | None  # None: a fence
     future: asyncio.Future[str | None] | asyncio.Future[bool] = field(repr=False)
+    # None: a fence. Otherwise a result, which writes `finish` (None: writes nothing, as Abandoned)
+    report: AttemptReport | None = None
+    finish: FinishWrite | None = None
 
 
 class Committer:
@@ -78,13 +99,14 @@ class Committer:
         if self.refuse_fences is not None:
             return self.refuse_fences
         future: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
-        self._enqueue(_Pending(action, None, future))
+        self._enqueue(_Pending(action, future))
         return await future
 
-    async def finish(self, action: ClaimedAction, write: FinishWrite) -> bool:
-        """Write one result under the claim's epoch; False when it changed nothing (not recorded)."""
+    async def finish(self, action: ClaimedAction, write: FinishWrite | None, report: AttemptReport) -> bool:
+        """Write one result under the claim's epoch and tally the attempt; False when the write changed
+        nothing or there was none (not recorded)."""
         future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        self._enqueue(_Pending(action, write, future))
+        self._enqueue(_Pending(action, future, report, write))
         return await future
 
     def _enqueue(self, pending: _Pending) -> None:
@@ -134,7 +156,9 @@ class Committer:
             current: list[_Pending] = []
             for pending in batch:
                 action = pending.action
-                if action.id in existing:
+                if pending.report is not None and pending.finish is None:
+                    resolutions.append((pending, False))  # a result that writes nothing
+                elif action.id in existing:
                     held_elsewhere.append(pending)
                 elif action.id not in locked:
                     resolutions.append((pending, _refusal(pending, "the action was erased")))
@@ -145,15 +169,16 @@ class Committer:
                 else:
                     current.append(pending)
             # a state change recomputes the lane: hold its row first (an EXECUTING action always has one)
-            lanes = sorted({p.action.lane_key for p in current if p.finish is not None})
+            lanes = sorted({p.action.lane_key for p in current if p.report is not None})
             locked_lanes = set((await conn.execute(store.LOCK_LANES, {"lanes": lanes})).scalars()) if lanes else set()
-            fences = [p for p in current if p.finish is None]
-            finishes = [p for p in current if p.finish is not None and p.action.lane_key in locked_lanes]
-            held_elsewhere += [p for p in current if p.finish is not None and p.action.lane_key not in locked_lanes]
+            fences = [p for p in current if p.report is None]
+            finishes = [p for p in current if p.report is not None and p.action.lane_key in locked_lanes]
+            held_elsewhere += [p for p in current if p.report is not None and p.action.lane_key not in locked_lanes]
             if fences:
                 resolutions += await self._begin_writes(conn, fences)
             if finishes:
                 resolutions += await self._finish(conn, finishes)
+            await _tally(conn, [(p, outcome) for p, outcome in resolutions if p.report is not None])
         self.commits += 1
         for pending, outcome in resolutions:
             if not pending.future.done():
@@ -192,8 +217,46 @@ class Committer:
 
 
 def _refusal(pending: _Pending, reason: str) -> str | bool:
-    """What a write that cannot take effect resolves to: a fence's reason, or a finish not recorded."""
-    return reason if pending.finish is None else False
+    """What a write that cannot take effect resolves to: a fence's reason, or a result not recorded."""
+    return reason if pending.report is None else False
+
+
+async def _tally(conn: AsyncConnection, results: list[tuple[_Pending, str | bool | None]]) -> None:
+    """The attempts decided in this transaction, counted in it: durable as the results themselves."""
+    if not results:
+        return
+    attempts: Counter[tuple[str, str, bool]] = Counter()
+    latency: dict[tuple[str, str, float], list[float]] = defaultdict(list)
+    for pending, recorded in results:
+        report, kind = pending.report, pending.action.kind.name
+        assert report is not None
+        attempts[(kind, report.result, bool(recorded))] += 1
+        latency[(kind, "attempt_duration", _bucket(report.attempt_seconds))].append(report.attempt_seconds)
+        if report.pickup_seconds is not None:
+            latency[(kind, "pickup_delay", _bucket(report.pickup_seconds))].append(report.pickup_seconds)
+    await conn.execute(
+        store.ADD_ATTEMPT_TALLIES,
+        {
+            "kinds": [k for k, _, _ in attempts],
+            "results": [r for _, r, _ in attempts],
+            "recorded": [c for _, _, c in attempts],
+            "counts": list(attempts.values()),
+        },
+    )
+    await conn.execute(
+        store.ADD_LATENCY_TALLIES,
+        {
+            "kinds": [k for k, _, _ in latency],
+            "metrics": [m for _, m, _ in latency],
+            "les": [le for _, _, le in latency],
+            "counts": [len(v) for v in latency.values()],
+            "totals": [sum(v) for v in latency.values()],
+        },
+    )
+
+
+def _bucket(seconds: float) -> float:
+    return next(le for le in LATENCY_BUCKETS if seconds <= le)
 
 
 def connection_lost(error: DBAPIError) -> bool:

@@ -29,7 +29,7 @@ from outbox import store
 from outbox.executor.adapter import ActionAdapter
 from outbox.executor.attempt import WRITE_WINDOW_SECONDS, ActionAttempt, ClaimedAction, FenceRefused
 from outbox.executor.backoff import retry_delay
-from outbox.executor.committer import Committer, FinishWrite, connection_lost
+from outbox.executor.committer import AttemptReport, Committer, FinishWrite, connection_lost
 from outbox.executor.outcomes import Outcomes
 from outbox.executor.results import (
     Abandoned,
@@ -184,7 +184,7 @@ class Executor:
     async def _claim(self, limit: int) -> list[ClaimedAction]:
         params = {"limit": limit, "lease_seconds": self.config.lease_seconds, "kinds": self._kinds}
         rows = await self._execute(store.CLAIM_READY_HEADS, params)
-        claimed = [self._claimed(row) for row in rows]
+        claimed = [self._claimed(row, fresh=True) for row in rows]
         for action in claimed:
             self._spawn(action)
         return claimed
@@ -206,7 +206,7 @@ class Executor:
         for row in taken:
             if row.state == ActionState.EXECUTING:
                 log.info("action %s: lease expired, claimed again (attempt %s)", row.id, row.attempt)
-                self._spawn(self._claimed(row))
+                self._spawn(self._claimed(row, fresh=False))
             else:
                 self.outcomes.end(row.id, row.kind, row.state, row.stop_reason)
         return len(expired) + len(taken)
@@ -222,7 +222,7 @@ class Executor:
             return []
 
     @staticmethod
-    def _claimed(row: Row[Any]) -> ClaimedAction:
+    def _claimed(row: Row[Any], *, fresh: bool) -> ClaimedAction:
         return ClaimedAction(
             id=row.id,
             kind=ActionKind.get(row.kind),
@@ -237,6 +237,7 @@ class Executor:
             prior_write_started_at=row.write_started_at,
             due_at=row.due_at,
             lease_seconds=row.lease_seconds,
+            pickup_seconds=max(0.0, row.pickup_seconds) if fresh else None,
         )
 
     async def _listen_for_enqueues(self) -> None:
@@ -258,7 +259,8 @@ class Executor:
     def _spawn(self, action: ClaimedAction) -> None:
         assert self._committer is not None
         attempt = ActionAttempt(action, self._committer)
-        task = asyncio.create_task(self._carry_out(attempt), name=f"outbox-action-{action.id}")
+        started = asyncio.get_running_loop().time()
+        task = asyncio.create_task(self._carry_out(attempt, started), name=f"outbox-action-{action.id}")
         self._inflight[task] = attempt
         task.add_done_callback(self._attempt_done)
 
@@ -267,7 +269,7 @@ class Executor:
         if self._wake is not None:
             self._wake.set()  # a slot is free, and the lane's next head may be ready
 
-    async def _carry_out(self, attempt: ActionAttempt) -> None:
+    async def _carry_out(self, attempt: ActionAttempt, started: float) -> None:
         action = attempt.action
         adapter = self._adapters[action.kind.name]
         try:
@@ -286,13 +288,15 @@ class Executor:
                 result = Retry(f"{type(error).__name__}: {error}")
         if isinstance(result, Abandoned) and not attempt.fenced and self._stopping:
             result = Defer(0.0, _STOPPING)  # hand it back to its lane: the attempt does not count
-        await self._record(attempt, result)
+        await self._record(attempt, result, started)
 
-    async def _record(self, attempt: ActionAttempt, result: Result) -> None:
+    async def _record(self, attempt: ActionAttempt, result: Result, started: float) -> None:
         action = attempt.action
         write = finish_write(action, result)
         assert self._committer is not None
-        recorded = write is not None and await self._committer.finish(action, write)
+        seconds = asyncio.get_running_loop().time() - started
+        report = AttemptReport(result_name(result), seconds, action.pickup_seconds)
+        recorded = await self._committer.finish(action, write, report)
         self.outcomes.attempt(action.kind.name, result_name(result), recorded)
         if recorded and write is not None and write.stop_reason is not None:
             self.outcomes.end(action.id, action.kind.name, write.state, write.stop_reason)
