@@ -11,13 +11,16 @@ from __future__ import annotations
 
 from outbox import store
 from outbox.enqueue import AsyncConn, SyncConnection
+from outbox.requests import _check_id as check_id
 
 
 def erase_account(conn: SyncConnection, account_id: int) -> int:
     """Delete the account's actions in every state, in the caller's transaction; return how many."""
+    check_id("account_id", account_id)
     return int(conn.execute(store.ERASE_ACCOUNT, {"account_id": account_id}).scalar_one())
 
 
 async def erase_account_async(conn: AsyncConn, account_id: int) -> int:
     """`erase_account` for an `AsyncConnection` or `AsyncSession`."""
+    check_id("account_id", account_id)
     return int((await conn.execute(store.ERASE_ACCOUNT, {"account_id": account_id})).scalar_one())

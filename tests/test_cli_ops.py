@@ -175,6 +175,7 @@ def test_purge_and_its_dry_run(engine: Engine, cli: Cli) -> None:
         (["show", "first"], "Invalid value for 'ID'"),
         (["admit", "999999"], "action 999999 does not exist"),
         (["erase-account"], "Missing argument 'ACCOUNT_ID'"),
+        (["erase-account", "0"], "account_id: must be a positive 64-bit integer, not 0"),
         (["purge", "--older-than", "30"], "--older-than: '30' is not a duration"),
         (["purge", "--batch-size", "0"], "batch_size must be at least 1"),
         (["purge", "--bogus"], "No such option: --bogus"),

@@ -42,3 +42,27 @@ async def test_the_adapter_example_runs(engine: Engine, aengine: AsyncEngine) ->
     assert adapter.sent == [action.id]
     with engine.connect() as conn:
         assert conn.execute(text("SELECT state, readback_ref FROM agent_action")).one() == ("DONE", f"ping-{action.id}")
+
+
+def test_the_retention_example_runs(engine: Engine) -> None:
+    from datetime import timedelta
+
+    import outbox
+    from tests.support import insert_ended
+
+    with engine.begin() as conn:
+        request = outbox.ActionRequest(
+            kind=outbox.ActionKind.EMAIL,
+            lane_key="account:42",
+            idempotency_key="welcome:42",
+            payload={},
+            subject_account_id=42,
+        )
+        outbox.enqueue(conn, request)
+    insert_ended(engine, ended_ago=timedelta(days=31), count=2)
+    kept = insert_ended(engine, ended_ago=timedelta(days=29))
+    namespace: dict[str, object] = {"engine": engine}
+    exec(compile(example("retention"), "README.md", "exec"), namespace)
+    assert (namespace["erased"], namespace["deleted"]) == (1, 2)
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT id FROM agent_action")).scalars().all() == kept

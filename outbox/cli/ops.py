@@ -45,7 +45,7 @@ def status(json_output: bool = JSON_OPTION) -> None:
         return
     table = Table(title=f"UNCERTAIN in the last {window}: {uncertain:,}", title_style="bold red")
     for column in ("kind", "stop reason", "actions"):
-        table.add_column(column)
+        table.add_column(column, justify="right" if column == "actions" else "left")
     for recent in report.uncertain:
         table.add_row(recent.kind, recent.stop_reason, f"{recent.actions:,}")
     out.print(table)
@@ -64,7 +64,7 @@ def lanes(
     for title, rows in (("deepest lanes", report.deepest), ("oldest lanes", report.oldest)):
         table = Table(title=title)
         for column in ("lane", "depth", "head id", "head state", "head age", "executing"):
-            table.add_column(column)
+            table.add_column(column, justify="right" if column in ("depth", "head id") else "left")
         for lane in rows:
             table.add_row(
                 lane.lane_key,
