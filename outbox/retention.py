@@ -1,16 +1,17 @@
 """The retention purge: ended actions are deleted 30 days (configurable) after they ended, in short batches.
 
 Each batch locks up to `batch_size` ended rows older than a cutoff taken once on the database clock (SKIP
-LOCKED, oldest first), deletes them and commits, until a batch comes up short: no long lock or snapshot, and
-purges on several replicas share the work. Thirty days outlast any notice's expiry, so a late redelivery of
-an event still finds its idempotency key. Sync and async functions mirror each other by name.
+LOCKED, oldest first, from where the last batch stopped), deletes them and commits, until one comes up
+short: no long lock or snapshot, and purges on several replicas share the work. Thirty days outlast any
+notice's expiry, so a late redelivery of an event still finds its idempotency key. Sync and async
+functions mirror each other by name.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import Connection, Engine
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -21,6 +22,8 @@ from outbox import store
 RETENTION = timedelta(days=30)
 # Rows per batch: a few milliseconds of locks, and WAL in small steps.
 PURGE_BATCH_SIZE = 5_000
+# where the first batch starts; each next one starts at the last ended_at the batch before it deleted
+_BEGINNING = datetime(1, 1, 1, tzinfo=UTC)
 
 
 def _check(older_than: timedelta, batch_size: int) -> None:
@@ -67,15 +70,15 @@ def purge_ended(
         _own_transactions_only(bind)
     with _transaction(bind) as conn:
         cutoff: datetime = conn.execute(store.DATABASE_NOW).scalar_one() - older_than
+    params = {"after": _BEGINNING, "cutoff": cutoff, "batch_size": batch_size}
     deleted = 0
     while True:
         with _transaction(bind) as conn:
-            batch = int(
-                conn.execute(store.PURGE_ENDED_BATCH, {"cutoff": cutoff, "batch_size": batch_size}).scalar_one()
-            )
-        deleted += batch
-        if batch < batch_size:
+            batch = conn.execute(store.PURGE_ENDED_BATCH, params).one()
+        deleted += int(batch.deleted)
+        if batch.deleted < batch_size:
             return deleted
+        params["after"] = batch.last_ended_at
 
 
 async def purge_ended_async(
@@ -87,14 +90,15 @@ async def purge_ended_async(
         _own_transactions_only(bind)
     async with _transaction_async(bind) as conn:
         cutoff: datetime = (await conn.execute(store.DATABASE_NOW)).scalar_one() - older_than
+    params = {"after": _BEGINNING, "cutoff": cutoff, "batch_size": batch_size}
     deleted = 0
     while True:
         async with _transaction_async(bind) as conn:
-            result = await conn.execute(store.PURGE_ENDED_BATCH, {"cutoff": cutoff, "batch_size": batch_size})
-            batch = int(result.scalar_one())
-        deleted += batch
-        if batch < batch_size:
+            batch = (await conn.execute(store.PURGE_ENDED_BATCH, params)).one()
+        deleted += int(batch.deleted)
+        if batch.deleted < batch_size:
             return deleted
+        params["after"] = batch.last_ended_at
 
 
 def count_purgeable(conn: Connection, older_than: timedelta = RETENTION) -> int:

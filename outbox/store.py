@@ -187,22 +187,22 @@ COUNT_EXPIRED_LEASES = text("SELECT count(*) FROM agent_action WHERE state = 'EX
 
 # ---- retention and erasure ---------------------------------------------------------------------------
 
-# One batch of the purge: the oldest ended actions that ended before :cutoff, walked on the partial index
-# ix_agent_action_ended. SKIP LOCKED lets purges on several replicas take disjoint batches; the ids go
-# to the DELETE as an array, so each row is found by primary key whatever the statistics say. Ended
-# rows belong to no lane, so the lane trigger has nothing to recompute.
+# One batch of the purge: the oldest ended actions from :after up to :cutoff, walked on the partial index
+# ix_agent_action_ended. Starting where the last batch stopped skips the index entries of rows already
+# deleted, which VACUUM cannot clear while some old snapshot is open. SKIP LOCKED lets purges on several
+# replicas take disjoint batches; the ids go to the DELETE as an array, so each row is found by primary key
+# whatever the statistics say. Ended rows belong to no lane, so the lane trigger has nothing to recompute.
 PURGE_ENDED_BATCH = text("""
-WITH gone AS (
-    DELETE FROM agent_action
-     WHERE id = ANY (ARRAY(
-        SELECT id FROM agent_action
-         WHERE ended_at IS NOT NULL AND ended_at < :cutoff
-         ORDER BY ended_at
-         LIMIT :batch_size
-         FOR UPDATE SKIP LOCKED))
-    RETURNING 1
+WITH batch AS MATERIALIZED (
+    SELECT id, ended_at FROM agent_action
+     WHERE ended_at >= :after AND ended_at < :cutoff
+     ORDER BY ended_at
+     LIMIT :batch_size
+     FOR UPDATE SKIP LOCKED
+), gone AS (
+    DELETE FROM agent_action WHERE id = ANY (ARRAY(SELECT id FROM batch)) RETURNING 1
 )
-SELECT count(*) FROM gone
+SELECT (SELECT count(*) FROM gone) AS deleted, (SELECT max(ended_at) FROM batch) AS last_ended_at
 """)
 COUNT_PURGEABLE = text("SELECT count(*) FROM agent_action WHERE ended_at IS NOT NULL AND ended_at < :cutoff")
 

@@ -63,8 +63,9 @@ def test_purges_on_two_replicas_take_different_rows_without_waiting(engine: Engi
     # a purge that waited for the other one's locks would fail here instead of hanging
     impatient = create_engine(database_url, connect_args={"options": "-c lock_timeout=5s"})
     with engine.connect() as other_replica:
-        params = {"cutoff": other_replica.execute(store.DATABASE_NOW).scalar_one() - OLD + timedelta(hours=1)}
-        assert other_replica.execute(store.PURGE_ENDED_BATCH, params | {"batch_size": 4}).scalar_one() == 4
+        cutoff = other_replica.execute(store.DATABASE_NOW).scalar_one() - OLD + timedelta(hours=1)
+        params = {"after": cutoff - timedelta(days=1), "cutoff": cutoff, "batch_size": 4}
+        assert other_replica.execute(store.PURGE_ENDED_BATCH, params).one().deleted == 4
         # the other replica's batch is not committed yet: this purge skips its rows
         assert purge_ended(impatient, batch_size=3) == 6
         other_replica.commit()
