@@ -177,7 +177,8 @@ def test_purge_and_its_dry_run(engine: Engine, cli: Cli) -> None:
         (["erase-account"], "Missing argument 'ACCOUNT_ID'"),
         (["erase-account", "0"], "account_id: must be a positive 64-bit integer, not 0"),
         (["purge", "--older-than", "30"], "--older-than: '30' is not a duration"),
-        (["purge", "--batch-size", "0"], "batch_size must be at least 1"),
+        (["purge", "--batch-size", "0"], "--batch-size must be at least 1"),
+        (["purge", "--dry-run", "--batch-size", "-5"], "--batch-size must be at least 1"),
         (["purge", "--bogus"], "No such option: --bogus"),
     ],
 )

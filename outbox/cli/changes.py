@@ -68,6 +68,8 @@ def purge(
 ) -> None:
     """Delete ended actions older than the retention window, in short batches (safe on several replicas)."""
     window = parse_duration("--older-than", older_than)
+    if batch_size < 1:
+        raise ValueError(f"--batch-size must be at least 1, not {batch_size}")
     if dry_run:
         with connect(read_only=True) as conn:
             count = retention.count_purgeable(conn, window)
