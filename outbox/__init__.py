@@ -4,7 +4,8 @@ The public API, re-exported; nothing else.
 """
 
 from outbox.action import Action
-from outbox.enqueue import admit, enqueue, enqueue_async, refuse
+from outbox.enqueue import admit, cancel, enqueue, enqueue_async, refuse
+from outbox.erasure import erase_account, erase_account_async
 from outbox.errors import ActionNotFound, InvalidRequest, OutboxError, TransitionRefused
 from outbox.kinds import ActionKind
 from outbox.requests import ActionRequest
@@ -21,7 +22,10 @@ __all__ = [
     "StopReason",
     "TransitionRefused",
     "admit",
+    "cancel",
     "enqueue",
     "enqueue_async",
+    "erase_account",
+    "erase_account_async",
     "refuse",
 ]

@@ -1,4 +1,4 @@
-"""Enqueue an action inside the caller's transaction, and decide an agent's proposal.
+"""Enqueue an action inside the caller's transaction, decide an agent's proposal, cancel what has not started.
 
     ActionRequest --validate--> ValidRequest --INSERT ... ON CONFLICT DO NOTHING--> agent_action
                                                      | nothing inserted: the key exists
@@ -91,3 +91,8 @@ def admit(conn: SyncConnection, action_id: int) -> Action:
 def refuse(conn: SyncConnection, action_id: int) -> Action:
     """Refuse a PROPOSED action: it ends CANCELLED with PROPOSAL_REFUSED."""
     return _decide(conn, store.REFUSE_PROPOSAL, action_id, "CANCELLED")
+
+
+def cancel(conn: SyncConnection, action_id: int) -> Action:
+    """Cancel an action that has not started (PROPOSED or ADMITTED): it ends CANCELLED with OPERATOR_CANCELLED."""
+    return _decide(conn, store.CANCEL_UNSTARTED, action_id, "CANCELLED")

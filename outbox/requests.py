@@ -60,8 +60,8 @@ def validate(request: ActionRequest) -> ValidRequest:
         raise InvalidRequest(
             "workspace_id", f"{kind} is instance-level; it takes no workspace_id (got {request.workspace_id})"
         )
-    _check_id("workspace_id", request.workspace_id)
-    _check_id("subject_account_id", request.subject_account_id)
+    check_id("workspace_id", request.workspace_id)
+    check_id("subject_account_id", request.subject_account_id)
     _check_key("lane_key", request.lane_key)
     _check_key("idempotency_key", request.idempotency_key)
     if not isinstance(request.max_attempts, int) or isinstance(request.max_attempts, bool) or request.max_attempts < 1:
@@ -92,7 +92,7 @@ def _check_key(field: str, value: object) -> None:
         raise InvalidRequest(field, "must not contain a NUL character")
 
 
-def _check_id(field: str, value: object) -> None:
+def check_id(field: str, value: object) -> None:
     if value is None:
         return
     if not isinstance(value, int) or isinstance(value, bool) or not (0 < value < 2**63):

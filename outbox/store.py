@@ -1,8 +1,8 @@
-"""Every statement that reads or writes `agent_action` and `agent_lane`, named for what it does.
+"""Every statement that writes `agent_action` and `agent_lane`, or that the executor runs, named for what it does.
 
-Callers bind parameters by name; nothing else in outbox writes SQL against these tables (the schema
-itself lives in `migrations/`). Statements the executor runs take their rows with SKIP LOCKED, so an
-executor never waits on a caller's open transaction: what it could not lock it tries again.
+Callers bind parameters by name; nothing else in outbox writes SQL against these tables (the schema lives
+in `migrations/`, the operators' read-only views in `store_ops`). The executor's and the purge's statements
+take their rows with SKIP LOCKED, so they never wait on a caller's open transaction: they try again later.
 """
 
 from __future__ import annotations
@@ -55,6 +55,7 @@ def _literal(value: str | None) -> str:
 
 ADMIT_PROPOSAL = decide_pending("ADMITTED", None, ("PROPOSED",))
 REFUSE_PROPOSAL = decide_pending("CANCELLED", "PROPOSAL_REFUSED", ("PROPOSED",))
+CANCEL_UNSTARTED = decide_pending("CANCELLED", "OPERATOR_CANCELLED", ("PROPOSED", "ADMITTED"))
 
 # ---- the executor --------------------------------------------------------------------------------
 
@@ -198,3 +199,32 @@ COUNT_DUE = text("""
 SELECT count(*) FROM agent_lane WHERE ready_at <= now()
 """)
 COUNT_EXPIRED_LEASES = text("SELECT count(*) FROM agent_action WHERE state = 'EXECUTING' AND lease_expires_at <= now()")
+
+
+# ---- retention and erasure ---------------------------------------------------------------------------
+
+# One batch of the purge: the oldest ended actions from :after up to :cutoff, walked on the partial index
+# ix_agent_action_ended. Starting where the last batch stopped skips the index entries of rows already
+# deleted, which VACUUM cannot clear while some old snapshot is open. SKIP LOCKED lets purges on several
+# replicas take disjoint batches; the ids go to the DELETE as an array, so each row is found by primary key
+# whatever the statistics say. Ended rows belong to no lane, so the lane trigger has nothing to recompute.
+PURGE_ENDED_BATCH = text("""
+WITH batch AS MATERIALIZED (
+    SELECT id, ended_at FROM agent_action
+     WHERE ended_at >= :after AND ended_at < :cutoff
+     ORDER BY ended_at
+     LIMIT :batch_size
+     FOR UPDATE SKIP LOCKED
+), gone AS (
+    DELETE FROM agent_action WHERE id = ANY (ARRAY(SELECT id FROM batch)) RETURNING 1
+)
+SELECT (SELECT count(*) FROM gone) AS deleted, (SELECT max(ended_at) FROM batch) AS last_ended_at
+""")
+COUNT_PURGEABLE = text("SELECT count(*) FROM agent_action WHERE ended_at IS NOT NULL AND ended_at < :cutoff")
+
+# Every action whose subject is the account, in any state; the lane trigger recomputes the lanes of
+# the pending and executing ones under their lane locks.
+ERASE_ACCOUNT = text("""
+WITH gone AS (DELETE FROM agent_action WHERE subject_account_id = :account_id RETURNING 1)
+SELECT count(*) FROM gone
+""")

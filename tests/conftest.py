@@ -2,15 +2,20 @@
 
 The server is `OUTBOX_TEST_DATABASE_URL` when set, otherwise an embedded PostgreSQL started here and
 stopped at the end of the session. The template is migrated once and gets the test kinds (step 2 of
-"Add a kind"); each test gets `CREATE DATABASE ... TEMPLATE`, which takes milliseconds.
+"Add a kind"); each test gets `CREATE DATABASE ... TEMPLATE`, which takes milliseconds. `cli` runs the
+`outbox` command in this process, through the console script's entry point, on the test's database.
 """
 
 from __future__ import annotations
 
 import itertools
+import json
 import os
-from collections.abc import AsyncIterator, Iterator
+import sys
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import Engine, create_engine, text
@@ -18,6 +23,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from outbox import migrate
+from outbox.cli import main
 from outbox.db import async_engine, psycopg_url, start_embedded_postgres
 from outbox.testing import install_kinds
 from tests import kinds as test_kinds
@@ -96,3 +102,34 @@ async def aengine(database_url: str) -> AsyncIterator[AsyncEngine]:
     engine = async_engine(database_url)
     yield engine
     await engine.dispose()
+
+
+@dataclass(frozen=True)
+class CliResult:
+    code: int
+    out: str
+    err: str
+
+    def json(self) -> Any:
+        return json.loads(self.out)
+
+
+@pytest.fixture
+def cli(
+    database_url: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> Callable[..., CliResult]:
+    """`outbox ARGS...` through the console script's entry point, on the test's database."""
+    monkeypatch.setenv("OUTBOX_DATABASE_URL", database_url)
+
+    def invoke(*args: str) -> CliResult:
+        capsys.readouterr()
+        monkeypatch.setattr(sys, "argv", ["outbox", *args])
+        try:
+            main()
+            code = 0
+        except SystemExit as exit:
+            code = exit.code if isinstance(exit.code, int) else 1
+        captured = capsys.readouterr()
+        return CliResult(code, captured.out, captured.err)
+
+    return invoke

@@ -1,11 +1,15 @@
-"""Small helpers the tests share: waiting for a condition the database can observe."""
+"""Small helpers the tests share: waiting for a condition the database can observe, and ended actions of the past."""
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Callable
+from datetime import timedelta
 
 from sqlalchemy import Engine, text
+
+_calls = itertools.count()
 
 
 def until(condition: Callable[[], bool], timeout: float = 30.0, what: str = "condition") -> None:
@@ -26,3 +30,43 @@ def sessions_waiting_on_a_lock(engine: Engine) -> int:
                 )
             ).scalar_one()
         )
+
+
+def insert_ended(
+    engine: Engine,
+    *,
+    ended_ago: timedelta,
+    count: int = 1,
+    key_prefix: str | None = None,
+    state: str = "DONE",
+    stop_reason: str = "CONFIRMED",
+    subject_account_id: int | None = None,
+) -> list[int]:
+    """Ended actions as they look `ended_ago` after they ended (created a minute before they ended).
+
+    Their idempotency keys are `key_prefix-1`, `key_prefix-2`, ... (by default a prefix for each call).
+    The guard stamps ended_at with the present, so they are inserted with the triggers off; ended rows
+    belong to no lane, so agent_lane stays exact.
+    """
+    with engine.begin() as conn:
+        conn.execute(text("SET LOCAL session_replication_role = replica"))
+        rows = conn.execute(
+            text("""
+            INSERT INTO agent_action (kind, workspace_id, lane_key, idempotency_key, payload, subject_account_id,
+                                      max_attempts, state, attempt, epoch, stop_reason, write_started_at,
+                                      created_at, ended_at)
+            SELECT 'TEST_NOOP', 1, 'ended', :prefix || '-' || g, NULL, :subject, 5, :state, 1, 1, :reason,
+                   now() - :ago, now() - :ago - interval '1 minute', now() - :ago
+              FROM generate_series(1, :count) AS g
+            RETURNING id
+            """),
+            {
+                "prefix": key_prefix or f"ended{next(_calls)}",
+                "subject": subject_account_id,
+                "state": state,
+                "reason": stop_reason,
+                "ago": ended_ago,
+                "count": count,
+            },
+        )
+        return list(rows.scalars())

@@ -58,3 +58,27 @@ def test_the_email_example_runs(engine: Engine) -> None:
             "EMAIL",
             {"notice": "workspace_alert", "event": {"workspace_id": 10, "alert_id": 101}},
         )
+
+
+def test_the_retention_example_runs(engine: Engine) -> None:
+    from datetime import timedelta
+
+    import outbox
+    from tests.support import insert_ended
+
+    with engine.begin() as conn:
+        request = outbox.ActionRequest(
+            kind=outbox.ActionKind.EMAIL,
+            lane_key="account:42",
+            idempotency_key="welcome:42",
+            payload={},
+            subject_account_id=42,
+        )
+        outbox.enqueue(conn, request)
+    insert_ended(engine, ended_ago=timedelta(days=31), count=2)
+    kept = insert_ended(engine, ended_ago=timedelta(days=29))
+    namespace: dict[str, object] = {"engine": engine}
+    exec(compile(example("retention"), "README.md", "exec"), namespace)
+    assert (namespace["erased"], namespace["deleted"]) == (1, 2)
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT id FROM agent_action")).scalars().all() == kept

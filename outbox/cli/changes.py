@@ -1,0 +1,91 @@
+"""`outbox admit|refuse|cancel|erase-account|purge`: the operator commands that change the outbox.
+
+admit, refuse, cancel and erase-account each run in one transaction through the library functions
+(`outbox.admit`, `refuse`, `cancel`, `erase_account`); purge commits batch by batch (`outbox.retention`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import typer
+from sqlalchemy import Connection
+
+import outbox
+from outbox import retention
+from outbox.action import Action
+from outbox.cli.common import JSON_OPTION, connect, err, out, parse_duration, print_json
+from outbox.cli.database import database_url
+from outbox.db import sync_engine
+
+ID_ARGUMENT = typer.Argument(..., metavar="ID", help="The action's id.")
+
+
+def _decide(decision: Callable[[Connection, int], Action], action_id: int, json_output: bool) -> None:
+    with connect() as conn:
+        action = decision(conn, action_id)
+    if json_output:
+        print_json(action)
+    else:
+        reason = f" ({action.stop_reason})" if action.stop_reason else ""
+        out.print(f"action {action.id} is {action.state}{reason}")
+
+
+def admit(action_id: int = ID_ARGUMENT, json_output: bool = JSON_OPTION) -> None:
+    """Admit a PROPOSED action: it waits its turn in its lane."""
+    _decide(outbox.admit, action_id, json_output)
+
+
+def refuse(action_id: int = ID_ARGUMENT, json_output: bool = JSON_OPTION) -> None:
+    """Refuse a PROPOSED action: it ends CANCELLED (PROPOSAL_REFUSED)."""
+    _decide(outbox.refuse, action_id, json_output)
+
+
+def cancel(action_id: int = ID_ARGUMENT, json_output: bool = JSON_OPTION) -> None:
+    """Cancel an action that has not started (PROPOSED or ADMITTED): it ends CANCELLED (OPERATOR_CANCELLED)."""
+    _decide(outbox.cancel, action_id, json_output)
+
+
+def erase_account(
+    account_id: int = typer.Argument(..., metavar="ACCOUNT_ID", help="The erased account's id."),
+    json_output: bool = JSON_OPTION,
+) -> None:
+    """Delete every action whose subject is the account, in every state; a write past its fence still happens."""
+    with connect() as conn:
+        erased = outbox.erase_account(conn, account_id)
+    if json_output:
+        print_json({"account_id": account_id, "erased": erased})
+    else:
+        out.print(f"erased {erased:,} actions of account {account_id}")
+
+
+def purge(
+    older_than: str = typer.Option("30d", help="Delete actions that ended longer ago than this: 30d, 24h, 15m, 90s."),
+    batch_size: int = typer.Option(retention.PURGE_BATCH_SIZE, help="Rows per batch, each its own transaction."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Count what would go; delete nothing."),
+    json_output: bool = JSON_OPTION,
+) -> None:
+    """Delete ended actions older than the retention window, in short batches (safe on several replicas)."""
+    window = parse_duration("--older-than", older_than)
+    if batch_size < 1:
+        raise ValueError(f"--batch-size must be at least 1, not {batch_size}")
+    if dry_run:
+        with connect(read_only=True) as conn:
+            count = retention.count_purgeable(conn, window)
+        if json_output:
+            print_json({"older_than_seconds": window.total_seconds(), "would_delete": count})
+        else:
+            out.print(f"would delete {count:,} actions that ended more than {older_than} ago")
+        return
+    engine = sync_engine(database_url(err))
+    try:
+        started = time.perf_counter()
+        deleted = retention.purge_ended(engine, window, batch_size)
+        seconds = time.perf_counter() - started
+    finally:
+        engine.dispose()
+    if json_output:
+        print_json({"older_than_seconds": window.total_seconds(), "deleted": deleted, "seconds": round(seconds, 3)})
+    else:
+        out.print(f"deleted {deleted:,} actions that ended more than {older_than} ago in {seconds:.1f} s")

@@ -1,0 +1,160 @@
+"""`outbox status|lanes|show|list`: what the outbox holds, read in one snapshot, as tables or `--json`.
+
+Each command reads through `outbox.ops` (index-backed queries in `store_ops`), so it answers in
+milliseconds on a table of millions of ended rows; nothing here writes.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+import typer
+from rich.table import Table
+
+from outbox import ops
+from outbox.action import Action
+from outbox.cli.common import JSON_OPTION, connect, format_age, out, parse_duration, parse_state, print_json, utc
+
+
+def status(json_output: bool = JSON_OPTION) -> None:
+    """Unended actions by state and kind, the oldest due action, lanes, leases, UNCERTAIN in the last 24 h."""
+    with connect(read_only=True) as conn:
+        report = ops.status(conn)
+    if json_output:
+        print_json(report)
+        return
+    table = Table(title="unended actions")
+    for column in ("state", "kind", "actions"):
+        table.add_column(column, justify="right" if column == "actions" else "left")
+    for count in report.unended:
+        table.add_row(count.state, count.kind, f"{count.actions:,}")
+    out.print(table)
+    out.print(f"due: {report.due:,} ADMITTED and due, the oldest due for {format_age(report.oldest_due_seconds)}")
+    out.print(
+        f"lanes: {report.lanes_with_backlog:,} with a backlog, {report.lanes_ready:,} ready,"
+        f" {report.lanes_executing:,} executing"
+    )
+    out.print(
+        f"leases: {report.executing:,} executing, {report.expired_leases:,} expired",
+        style="red" if report.expired_leases else None,
+    )
+    uncertain = sum(c.actions for c in report.uncertain)
+    window = f"{report.uncertain_window_seconds / 3600:g} h"
+    if not uncertain:
+        out.print(f"UNCERTAIN in the last {window}: 0")
+        return
+    table = Table(title=f"UNCERTAIN in the last {window}: {uncertain:,}", title_style="bold red")
+    for column in ("kind", "stop reason", "actions"):
+        table.add_column(column, justify="right" if column == "actions" else "left")
+    for recent in report.uncertain:
+        table.add_row(recent.kind, recent.stop_reason, f"{recent.actions:,}")
+    out.print(table)
+
+
+def lanes(
+    top: int = typer.Option(10, help="How many lanes in each list."),
+    json_output: bool = JSON_OPTION,
+) -> None:
+    """The deepest lanes (most actions not started) and the oldest (whose head came first)."""
+    with connect(read_only=True) as conn:
+        report = ops.lanes(conn, top)
+    if json_output:
+        print_json(report)
+        return
+    for title, rows in (("deepest lanes", report.deepest), ("oldest lanes", report.oldest)):
+        table = Table(title=title)
+        for column in ("lane", "depth", "head id", "head state", "head age", "executing"):
+            table.add_column(column, justify="right" if column in ("depth", "head id") else "left")
+        for lane in rows:
+            table.add_row(
+                lane.lane_key,
+                f"{lane.depth:,}",
+                str(lane.head_id),
+                lane.head_state,
+                format_age(lane.head_age_seconds),
+                "yes" if lane.executing else "",
+            )
+        out.print(table)
+
+
+def show(
+    action_id: int = typer.Argument(..., metavar="ID", help="The action's id."), json_output: bool = JSON_OPTION
+) -> None:
+    """One action in full; its payload only while it has one (an ended action keeps none)."""
+    with connect(read_only=True) as conn:
+        action = ops.get_action(conn, action_id)
+    if json_output:
+        print_json(action)
+        return
+    table = Table(title=f"action {action.id}", show_header=False)
+    for field, value in _fields(action):
+        table.add_row(field, value)
+    out.print(table)
+
+
+def _fields(action: Action) -> list[tuple[str, str]]:
+    def when(value: datetime | None) -> str:
+        return "-" if value is None else utc(value)
+
+    fields = [
+        ("state", action.state.value),
+        ("stop reason", action.stop_reason or "-"),
+        ("kind", action.kind),
+        ("lane", action.lane_key),
+        ("idempotency key", action.idempotency_key),
+        ("workspace", str(action.workspace_id or "-")),
+        ("subject account", str(action.subject_account_id or "-")),
+        ("attempts", f"{action.attempt} of {action.max_attempts}"),
+        ("epoch", str(action.epoch)),
+        ("created", when(action.created_at)),
+        ("due", when(action.due_at)),
+        ("expires", when(action.expires_at)),
+        ("lease expires", when(action.lease_expires_at)),
+        ("write started", when(action.write_started_at)),
+        ("ended", when(action.ended_at)),
+        ("readback reference", action.readback_ref or "-"),
+    ]
+    if action.payload is not None:
+        fields.append(("payload", str(action.payload)))
+    return fields
+
+
+def list_(
+    state: str | None = typer.Option(None, help="Only this state (PROPOSED, ADMITTED, EXECUTING, DONE, ...)."),
+    kind: str | None = typer.Option(None, help="Only this kind."),
+    since: str = typer.Option("24h", help="Created within this long: 30d, 24h, 15m, 90s."),
+    limit: int = typer.Option(50, help=f"Actions per page (at most {ops.MAX_PAGE})."),
+    before_id: int | None = typer.Option(None, help="The next page: the last id of the page before."),
+    json_output: bool = JSON_OPTION,
+) -> None:
+    """Actions newest first, paged by id."""
+    window = parse_duration("--since", since)
+    wanted_state = parse_state(state) if state is not None else None
+    with connect(read_only=True) as conn:
+        page = ops.list_actions(
+            conn,
+            since=window,
+            state=wanted_state,
+            kind=kind.strip().upper() if kind is not None else None,
+            limit=limit,
+            before_id=before_id,
+        )
+    if json_output:
+        print_json(page)
+        return
+    table = Table(title=f"actions created in the last {since}, newest first")
+    for column in ("id", "created (UTC)", "state", "stop reason", "kind", "lane", "attempts"):
+        table.add_column(column, no_wrap=column in ("id", "created (UTC)"), overflow="fold")
+    for action in page.actions:
+        table.add_row(
+            str(action.id),
+            utc(action.created_at),
+            action.state,
+            action.stop_reason or "",
+            action.kind,
+            action.lane_key,
+            f"{action.attempt}/{action.max_attempts}",
+        )
+    out.print(table)
+    if page.next_before_id is not None:
+        out.print(f"next page: --before-id {page.next_before_id}")

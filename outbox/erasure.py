@@ -1,0 +1,26 @@
+"""Erasure: delete every action whose subject is an account, inside the caller's transaction.
+
+    erase_account(conn, account_id) ──DELETE by subject_account_id──▶ the lane trigger recomputes the lanes
+
+A pending action is then never carried out; an executing one is refused at its fence ("the action was
+erased"), or, if its write already passed the fence, reaches the provider and its result is not recorded.
+outbox never commits: the actions go exactly when the caller's erasure commits.
+"""
+
+from __future__ import annotations
+
+from outbox import store
+from outbox.enqueue import AsyncConn, SyncConnection
+from outbox.requests import _check_id as check_id
+
+
+def erase_account(conn: SyncConnection, account_id: int) -> int:
+    """Delete the account's actions in every state, in the caller's transaction; return how many."""
+    check_id("account_id", account_id)
+    return int(conn.execute(store.ERASE_ACCOUNT, {"account_id": account_id}).scalar_one())
+
+
+async def erase_account_async(conn: AsyncConn, account_id: int) -> int:
+    """`erase_account` for an `AsyncConnection` or `AsyncSession`."""
+    check_id("account_id", account_id)
+    return int((await conn.execute(store.ERASE_ACCOUNT, {"account_id": account_id})).scalar_one())

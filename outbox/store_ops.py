@@ -1,0 +1,100 @@
+"""The operators' read-only views of `agent_action` and `agent_lane`, named for what they show.
+
+`outbox.ops` runs them for the CLI. Each reads an index made for it (migration 0003, or the lane and
+pending indexes of 0001), never the whole table: ended rows are most of it and only grow until purged.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from sqlalchemy import TextClause, text
+
+from outbox.store import ACTION_COLUMNS
+
+# ---- outbox status ---------------------------------------------------------------------------------
+
+# From ix_agent_action_state_created alone (state leads, kind is included).
+COUNT_UNENDED_BY_STATE_AND_KIND = text("""
+SELECT state, kind, count(*) AS actions FROM agent_action
+ WHERE state IN ('PROPOSED', 'ADMITTED', 'EXECUTING')
+ GROUP BY state, kind ORDER BY state, kind
+""")
+
+# ADMITTED and due, whether or not its lane lets it start: the oldest is the first entry of the index.
+DUE_ACTIONS = text("""
+SELECT count(*) AS actions, extract(epoch FROM now() - min(due_at))::float8 AS oldest_due_seconds
+  FROM agent_action WHERE state = 'ADMITTED' AND due_at <= now()
+""")
+
+# agent_lane holds one row per lane with an unended action, so it is small.
+COUNT_LANES = text("""
+SELECT count(*) FILTER (WHERE head_id IS NOT NULL) AS with_backlog,
+       count(*) FILTER (WHERE ready_at <= now()) AS ready,
+       count(*) FILTER (WHERE executing) AS executing
+  FROM agent_lane
+""")
+
+COUNT_UNCERTAIN_SINCE = text("""
+SELECT kind, stop_reason, count(*) AS actions FROM agent_action
+ WHERE state = 'UNCERTAIN' AND ended_at > now() - make_interval(secs => :seconds)
+ GROUP BY kind, stop_reason ORDER BY kind, stop_reason
+""")
+
+# ---- outbox lanes ----------------------------------------------------------------------------------
+
+_LANE_COLUMNS = """l.lane_key, l.head_id, h.state AS head_state,
+       extract(epoch FROM now() - h.created_at)::float8 AS head_age_seconds, l.executing"""
+
+# Depth of every lane with a backlog, counted on ix_agent_action_lane_pending; the head from agent_lane.
+DEEPEST_LANES = text(f"""
+WITH deepest AS MATERIALIZED (
+    SELECT lane_key, count(*) AS depth FROM agent_action
+     WHERE state IN ('PROPOSED', 'ADMITTED')
+     GROUP BY lane_key ORDER BY depth DESC, lane_key LIMIT :top
+)
+SELECT {_LANE_COLUMNS}, d.depth
+  FROM deepest AS d
+  JOIN agent_lane AS l ON l.lane_key = d.lane_key
+  LEFT JOIN agent_action AS h ON h.id = l.head_id
+ ORDER BY d.depth DESC, d.lane_key
+""")
+
+# The lanes whose head came first (lane order is id order); the depth of each on the pending index.
+OLDEST_LANES = text(f"""
+WITH oldest AS MATERIALIZED (
+    SELECT lane_key, head_id, executing FROM agent_lane
+     WHERE head_id IS NOT NULL ORDER BY head_id LIMIT :top
+)
+SELECT {_LANE_COLUMNS}, d.depth
+  FROM oldest AS l
+  LEFT JOIN agent_action AS h ON h.id = l.head_id
+ CROSS JOIN LATERAL (
+    SELECT count(*) AS depth FROM agent_action AS p
+     WHERE p.lane_key = l.lane_key AND p.state IN ('PROPOSED', 'ADMITTED')
+ ) AS d
+ ORDER BY l.head_id
+""")
+
+# ---- outbox list -----------------------------------------------------------------------------------
+
+SELECT_ACTION_POSITION = text("SELECT created_at, id FROM agent_action WHERE id = :id")
+
+
+@functools.cache
+def list_actions(*, state: bool, kind: bool, before: bool) -> TextClause:
+    """Newest first (created_at, then id) since a time, with only the filters given, so each one is an index
+    condition: ix_agent_action_state_created with a state, ix_agent_action_created without."""
+    conditions = ["created_at >= now() - make_interval(secs => :since_seconds)"]
+    if state:
+        conditions.append("state = :state")
+    if kind:
+        conditions.append("kind = :kind")
+    if before:
+        conditions.append("(created_at, id) < (:before_created_at, :before_id)")
+    return text(f"""
+SELECT {ACTION_COLUMNS} FROM agent_action
+ WHERE {" AND ".join(conditions)}
+ ORDER BY created_at DESC, id DESC
+ LIMIT :limit
+""")
