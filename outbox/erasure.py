@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from outbox import store
 from outbox.enqueue import AsyncConn, SyncConnection
-from outbox.requests import _check_id as check_id
+from outbox.requests import check_id
 
 
 def erase_account(conn: SyncConnection, account_id: int) -> int:
