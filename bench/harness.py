@@ -133,7 +133,7 @@ def wait_drained(engine: Engine, where: str = "true", timeout: float = 600) -> f
 
 
 def bulk_admit(engine: Engine, count: int, lanes: int, *, lane_prefix: str = "lane", start: int = 0) -> None:
-    """Insert `count` ADMITTED no-op actions round-robin over `lanes` lanes, and wake the executors."""
+    """Insert `count` ADMITTED no-op actions round-robin over `lanes` lanes (the commit wakes the executors)."""
     with engine.begin() as conn:
         conn.execute(
             text("""
@@ -143,4 +143,3 @@ def bulk_admit(engine: Engine, count: int, lanes: int, *, lane_prefix: str = "la
         """),
             {"count": count, "lanes": lanes, "prefix": lane_prefix, "start": start},
         )
-        conn.execute(text("SELECT pg_notify('outbox_action', '')"))

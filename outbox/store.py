@@ -31,8 +31,7 @@ WITH inserted AS (
     ON CONFLICT (idempotency_key) DO NOTHING
     RETURNING {ACTION_COLUMNS}
 )
-SELECT inserted.* FROM inserted
-LEFT JOIN LATERAL (SELECT pg_notify('{NOTIFY_CHANNEL}', '') WHERE inserted.state = 'ADMITTED') AS wake ON true
+SELECT * FROM inserted
 """)
 
 SELECT_ACTION_BY_KEY = text(f"SELECT {ACTION_COLUMNS} FROM agent_action WHERE idempotency_key = :key")
@@ -41,11 +40,10 @@ SELECT_ACTION = text(f"SELECT {ACTION_COLUMNS} FROM agent_action WHERE id = :id"
 
 def decide_pending(to_state: str, stop_reason: str | None, from_states: tuple[str, ...]) -> TextClause:
     """Move one action that has not started; returns the row only when it was in `from_states`."""
-    wake = f", pg_notify('{NOTIFY_CHANNEL}', '')" if to_state == "ADMITTED" else ""
     return text(f"""
 UPDATE agent_action SET state = '{to_state}', stop_reason = {_literal(stop_reason)}
  WHERE id = :id AND state IN ({", ".join(_literal(s) for s in from_states)})
-RETURNING {ACTION_COLUMNS}{wake}
+RETURNING {ACTION_COLUMNS}
 """)
 
 

@@ -8,6 +8,7 @@ from typing import Any
 from sqlalchemy import Engine, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+import outbox
 from outbox.executor import ActionAttempt, Done, Executor, ExecutorConfig, Result
 from tests import kinds
 from tests.adapters import ScriptedAdapter
@@ -233,3 +234,31 @@ async def until_listening(engine: Engine) -> None:
         if await asyncio.to_thread(listening):
             return
     raise AssertionError("the executor never listened")
+
+
+async def test_refusing_a_proposed_head_wakes_an_idle_executor(engine: Engine, aengine: AsyncEngine) -> None:
+    proposal = enqueue(engine, lane="decide", proposed=True)
+    behind = enqueue(engine, lane="decide")
+    done = asyncio.Event()
+
+    async def confirm(attempt: ActionAttempt) -> Result:
+        done.set()
+        return Done("ok")
+
+    # polling and sweeping once an hour: only the notification can wake it in time
+    config = ExecutorConfig(poll_seconds=3600, sweep_seconds=3600)
+    executor = Executor(aengine, [ScriptedAdapter(kinds.NOOP, confirm)], config)
+    running = asyncio.create_task(executor.run())
+    try:
+        await until_listening(engine)
+        await asyncio.to_thread(refuse, engine, proposal)
+        await asyncio.wait_for(done.wait(), 10)
+        assert row(engine, behind)["attempt"] == 1
+    finally:
+        executor.stop()
+        await running
+
+
+def refuse(engine: Engine, action_id: int) -> None:
+    with engine.begin() as conn:
+        outbox.refuse(conn, action_id)

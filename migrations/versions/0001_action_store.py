@@ -217,6 +217,12 @@ BEGIN
             CASE WHEN f.head_state = 'ADMITTED' AND NOT f.executing THEN f.head_due_at END);
 
     DELETE FROM agent_lane WHERE lane_key = ANY (lanes) AND head_id IS NULL AND NOT executing;
+
+    -- a lane that may start now wakes the idle executors when this transaction commits, whoever made
+    -- it ready: an enqueue, an admission, the end of its previous action, a refusal or an erasure
+    IF EXISTS (SELECT 1 FROM agent_lane WHERE lane_key = ANY (lanes) AND ready_at <= now()) THEN
+        PERFORM pg_notify('outbox_action', '');
+    END IF;
 END
 $refresh$;
 
