@@ -16,7 +16,7 @@ from datetime import UTC, datetime, timedelta
 from sqlalchemy import Connection, Engine
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from outbox import store
+from outbox import store, store_metrics
 
 # How long an ended action is kept: longer than any notice's expiry, so its idempotency key still counts.
 RETENTION = timedelta(days=30)
@@ -75,9 +75,10 @@ def purge_ended(
     while True:
         with _transaction(bind) as conn:
             batch = conn.execute(store.PURGE_ENDED_BATCH, params).one()
-        deleted += int(batch.deleted)
-        if batch.deleted < batch_size:
-            return deleted
+            deleted += int(batch.deleted)
+            if batch.deleted < batch_size:
+                _record_success(conn, deleted)
+                return deleted
         params["after"] = batch.last_ended_at
 
 
@@ -95,10 +96,18 @@ async def purge_ended_async(
     while True:
         async with _transaction_async(bind) as conn:
             batch = (await conn.execute(store.PURGE_ENDED_BATCH, params)).one()
-        deleted += int(batch.deleted)
-        if batch.deleted < batch_size:
-            return deleted
+            deleted += int(batch.deleted)
+            if batch.deleted < batch_size:
+                await conn.run_sync(_record_success, deleted)
+                return deleted
         params["after"] = batch.last_ended_at
+
+
+def _record_success(conn: Connection, deleted: int) -> None:
+    """In the last batch's transaction: the purge succeeded (for the "purge failing" alert), and executors
+    silent for a day are forgotten."""
+    conn.execute(store_metrics.PURGE_SUCCEEDED, {"removed": deleted})
+    conn.execute(store_metrics.FORGET_SILENT_EXECUTORS)
 
 
 def count_purgeable(conn: Connection, older_than: timedelta = RETENTION) -> int:

@@ -7,7 +7,9 @@ short-lived subprocesses, so they live in the database, written in the transacti
 - agent_action_attempt_tally and agent_action_latency_tally: the executor's group commit adds them in
   the transaction of the attempts' results.
 Rows are only ever added, then merged by the exporter; the retention purge never touches them, so a
-counter never goes backwards. outbox_reader may read every outbox table (Grafana's PostgreSQL datasource).
+counter never goes backwards. agent_executor holds a heartbeat per running executor and agent_maintenance
+the last success of the purge, for "executor down" and "purge failing" alerts. outbox_reader may read every
+outbox table (Grafana's PostgreSQL datasource).
 
 Revision ID: 0002
 Revises: 0001
@@ -49,6 +51,22 @@ CREATE TABLE agent_action_latency_tally (
     total  double precision NOT NULL
 );
 
+-- One row per running executor, refreshed at every sweep (each second) and removed when it stops.
+CREATE TABLE agent_executor (
+    executor_id text PRIMARY KEY,
+    started_at  timestamptz NOT NULL DEFAULT now(),
+    seen_at     timestamptz NOT NULL DEFAULT now()
+);
+
+-- The last success of each maintenance job (the retention purge). A new store has nothing to purge:
+-- it counts as purged now, so "no purge for two days" means two days after the install at the earliest.
+CREATE TABLE agent_maintenance (
+    job             text PRIMARY KEY,
+    last_success_at timestamptz NOT NULL,
+    last_removed    bigint NOT NULL
+);
+INSERT INTO agent_maintenance VALUES ('purge', now(), 0);
+
 CREATE FUNCTION tally_agent_action_ended() RETURNS trigger LANGUAGE plpgsql AS $tally$
 BEGIN
     INSERT INTO agent_action_ended_tally (kind, state, reason, n)
@@ -72,12 +90,14 @@ BEGIN
 END
 $role$;
 GRANT SELECT ON agent_action, agent_lane, agent_action_attempt_tally, agent_action_ended_tally,
-    agent_action_latency_tally TO outbox_reader;
+    agent_action_latency_tally, agent_executor, agent_maintenance TO outbox_reader;
 """
 
 DOWNGRADE = r"""
 REVOKE ALL ON agent_action, agent_lane, agent_action_attempt_tally, agent_action_ended_tally,
-    agent_action_latency_tally FROM outbox_reader;
+    agent_action_latency_tally, agent_executor, agent_maintenance FROM outbox_reader;
+DROP TABLE agent_maintenance;
+DROP TABLE agent_executor;
 DROP TRIGGER tally_agent_action_ended ON agent_action;
 DROP FUNCTION tally_agent_action_ended();
 DROP TABLE agent_action_latency_tally;

@@ -13,11 +13,12 @@ import typer
 from sqlalchemy.exc import OperationalError
 from typer.exceptions import TyperException
 
-from outbox.cli import changes, db, demo, ops, run
+from outbox.cli import changes, db, demo, metrics, ops, run
 from outbox.errors import OutboxError
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="Carry out effects reliably from PostgreSQL.")
 app.add_typer(db.app, name="db")
+app.add_typer(metrics.app, name="metrics")
 app.command("demo")(demo.demo)
 app.command("run")(run.run)
 app.command("status")(ops.status)

@@ -16,6 +16,9 @@ import asyncio
 import contextlib
 import logging
 import math
+import os
+import socket
+import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -25,7 +28,7 @@ from sqlalchemy import Row
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from outbox import store
+from outbox import store, store_metrics
 from outbox.executor.adapter import ActionAdapter
 from outbox.executor.attempt import WRITE_WINDOW_SECONDS, ActionAttempt, ClaimedAction, FenceRefused
 from outbox.executor.backoff import retry_delay
@@ -102,6 +105,8 @@ class Executor:
         self._wake: asyncio.Event | None = None
         self._stopping = False
         self._committer: Committer | None = None
+        # names this executor's heartbeat row (agent_executor)
+        self.executor_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
     # ---- control ---------------------------------------------------------------------------------
 
@@ -174,6 +179,7 @@ class Executor:
             task.cancel()
         await self._wait_inflight(None)
         await self._committer.close()
+        await self._execute(store_metrics.LEAVE, {"executor_id": self.executor_id})
 
     async def _wait_inflight(self, seconds: float | None) -> None:
         if self._inflight:
@@ -190,7 +196,8 @@ class Executor:
         return claimed
 
     async def _sweep(self, free: int) -> int:
-        """End what expired before it started; take back expired leases. Returns the actions touched."""
+        """Beat; end what expired before it started; take back expired leases. Returns the actions touched."""
+        await self._execute(store_metrics.BEAT, {"executor_id": self.executor_id})
         expired = await self._execute(store.EXPIRE_UNSTARTED, {"limit": 500})
         for row in expired:
             self.outcomes.end(row.id, row.kind, ActionState.CANCELLED, StopReason.EXPIRED)
@@ -214,7 +221,8 @@ class Executor:
     async def _execute(self, statement: Any, params: dict[str, Any]) -> list[Row[Any]]:
         try:
             async with self._engine.begin() as conn:
-                return list(await conn.execute(statement, params))
+                result = await conn.execute(statement, params)
+                return list(result) if result.returns_rows else []
         except DBAPIError as error:
             if not connection_lost(error):
                 raise
