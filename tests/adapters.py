@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from outbox.executor import ActionAdapter, ActionAttempt, Done, Result
+from outbox.executor import ActionAdapter, ActionAttempt, Done, Result, Uncertain
 from outbox.executor.attempt import ClaimedAction
 from outbox.kinds import ActionKind
 from tests import kinds
@@ -83,3 +83,22 @@ def recording_adapters(engine: AsyncEngine) -> list[ActionAdapter]:
         time.time = lambda: real_time() + skew
     record = _FileRecord(os.environ["OUTBOX_TEST_RECORD_FILE"])
     return [RecordingAdapter(kinds.NOOP, record)]
+
+
+class UncertainAdapter:
+    """Fences, then reports that the provider may hold the write."""
+
+    def __init__(self, kind: ActionKind) -> None:
+        self._kind = kind
+
+    @property
+    def kind(self) -> ActionKind:
+        return self._kind
+
+    async def execute(self, attempt: ActionAttempt) -> Result:
+        (await attempt.fence().begin_write()).check()
+        return Uncertain("the provider timed out after the write")
+
+
+def uncertain_adapters(engine: AsyncEngine) -> list[ActionAdapter]:
+    return [UncertainAdapter(kinds.NOOP)]
