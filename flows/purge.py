@@ -1,0 +1,36 @@
+"""outbox-purge: the retention purge on a daily schedule, one run at a time.
+
+scheduled run ──▶ outbox.retention.purge_ended (short batches) ──▶ INFO line + table artifact
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from prefect import flow, get_run_logger
+from prefect.artifacts import create_table_artifact
+
+from outbox.db import sync_engine
+from outbox.retention import PURGE_BATCH_SIZE, purge_ended
+from outbox.settings import load_settings
+
+
+@flow(name="outbox-purge", retries=2, retry_delay_seconds=300, timeout_seconds=3600)
+def purge(retention_days: float = 30, batch_size: int = PURGE_BATCH_SIZE) -> dict[str, Any]:
+    """Delete the actions that ended more than `retention_days` ago; return how many went."""
+    url = load_settings().database_url
+    if not url:
+        raise ValueError("OUTBOX_DATABASE_URL is not set for the purge flow")
+    engine = sync_engine(url, pool_size=1)
+    try:
+        removed = purge_ended(engine, older_than=timedelta(days=retention_days), batch_size=batch_size)
+    finally:
+        engine.dispose()
+    get_run_logger().info("purged %s actions that ended more than %s days ago", removed, retention_days)
+    create_table_artifact(
+        table=[{"retention_days": retention_days, "removed": removed}],
+        key="outbox-purge-summary",
+        description="Actions removed by the retention purge.",
+    )
+    return {"removed": removed, "retention_days": retention_days}

@@ -1,0 +1,210 @@
+"""The local stack of `outbox demo`: every process it starts, and how it stops them (by PID).
+
+    embedded PostgreSQL (or OUTBOX_DATABASE_URL) ─ migrate ─ example application
+    SMTP sink (+ its mailbox page) ─ Prefect server ─ work pool, zombie automation, deployments
+    metrics exporter ─ N Prefect workers (each a replica running outbox-drain flow runs)
+
+Prefect is driven through its command line, so `outbox` never imports it. Every server listens on
+127.0.0.1; every child is started here and stopped here, SIGTERM first, then SIGKILL after a grace period.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+from outbox.email.sink import Faults, SmtpSink
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def wait_until_answers(url: str, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=2) as response:
+                if response.status == 200:
+                    return
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{what} did not answer at {url} within {timeout:.0f} s")
+        time.sleep(0.2)
+
+
+@dataclass
+class Stack:
+    database_url: str
+    workdir: Path
+    workers: int = 3
+    flaky: float = 0.1
+    adapters: str = "examples.accounts:adapters"
+    drain_interval: int = 15
+    processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    sink: SmtpSink | None = None
+    prefect_url: str = ""
+    metrics_url: str = ""
+    mailbox_url: str = ""
+    _mailbox: ThreadingHTTPServer | None = None
+
+    # ---- start ------------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self.workdir = self.workdir.resolve()
+        (self.workdir / "prefect").mkdir(parents=True, exist_ok=True)
+        self.sink = SmtpSink(faults=Faults(flaky=self.flaky), seed=7).start()
+        self._serve_mailbox()
+        self._start_prefect()
+        self._prefect("work-pool", "create", "outbox", "--type", "process", "--overwrite")
+        self._prefect("automation", "create", "--from-file", str(ROOT / "deploy" / "prefect-automations.yaml"))
+        self._prefect("--no-prompt", "deploy", "--all", "--prefect-file", str(ROOT / "deploy" / "prefect.yaml"))
+        metrics_port = free_port()
+        self._spawn("exporter", [sys.executable, "-m", "outbox.cli", "metrics", "serve", "--port", str(metrics_port)])
+        self.metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
+        for n in range(self.workers):
+            self.start_worker(f"worker-{n + 1}")
+        wait_until_answers(self.metrics_url, 30, "the metrics exporter")
+
+    def run_drain_now(self) -> None:
+        """Start one outbox-drain run per worker now, instead of waiting for the schedule's next tick."""
+        for _ in range(self.workers):
+            self._prefect("deployment", "run", "outbox-drain/outbox-drain")
+
+    def start_worker(self, name: str) -> subprocess.Popen[bytes]:
+        return self._spawn(
+            name,
+            [
+                sys.executable,
+                "-m",
+                "prefect",
+                "worker",
+                "start",
+                "--pool",
+                "outbox",
+                "--type",
+                "process",
+                "--name",
+                f"outbox-{name}",
+            ],
+        )
+
+    def env(self) -> dict[str, str]:
+        assert self.sink is not None
+        return {
+            **os.environ,
+            "PYTHONPATH": str(ROOT),
+            "OUTBOX_DATABASE_URL": self.database_url,
+            "OUTBOX_SMTP_HOST": "127.0.0.1",
+            "OUTBOX_SMTP_PORT": str(self.sink.port),
+            "OUTBOX_SMTP_TLS": "none",
+            "OUTBOX_SMTP_SENDER": "outbox@example.com",
+            "OUTBOX_SMTP_TIMEOUT_SECONDS": "5",
+            "OUTBOX_PROJECT_DIR": str(ROOT),
+            "OUTBOX_ADAPTERS": self.adapters,
+            "PREFECT_HOME": str(self.workdir / "prefect"),
+            "PREFECT_API_URL": f"{self.prefect_url}/api",
+            "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+            "PREFECT_WORKER_QUERY_SECONDS": "1",
+            "PREFECT_WORKER_PREFETCH_SECONDS": "5",
+            "PREFECT_FLOWS_HEARTBEAT_FREQUENCY": "30",
+            "PREFECT_LOGGING_EXTRA_LOGGERS": "outbox",
+        }
+
+    def _start_prefect(self) -> None:
+        port = free_port()
+        self.prefect_url = f"http://127.0.0.1:{port}"
+        self._spawn(
+            "prefect-server",
+            [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+        )
+        wait_until_answers(f"{self.prefect_url}/api/health", 120, "the Prefect server")
+
+    def _prefect(self, *args: str) -> None:
+        done = subprocess.run(
+            [sys.executable, "-m", "prefect", *args],
+            env=self.env(),
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
+        if done.returncode != 0:
+            raise RuntimeError(f"prefect {' '.join(args)} failed: {(done.stdout + done.stderr)[-2000:]}")
+
+    def _spawn(self, name: str, command: list[str]) -> subprocess.Popen[bytes]:
+        log = (self.workdir / f"{name}.log").open("ab")
+        process = subprocess.Popen(
+            command, env=self.env(), cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        self.processes[name] = process
+        return process
+
+    def _serve_mailbox(self) -> None:
+        assert self.sink is not None
+        sink: SmtpSink = self.sink
+
+        class Mailbox(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                body = json.dumps(
+                    [
+                        {"message_id": r.message_id, "to": list(r.rcpt_tos), "subject": r.subject}
+                        for r in list(sink.received)
+                    ],
+                    indent=1,
+                ).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, format: str, *args: object) -> None:
+                pass
+
+        self._mailbox = ThreadingHTTPServer(("127.0.0.1", free_port()), Mailbox)
+        threading.Thread(target=self._mailbox.serve_forever, daemon=True).start()
+        self.mailbox_url = f"http://127.0.0.1:{self._mailbox.server_address[1]}/"
+
+    # ---- stop ----------------------------------------------------------------------------------------
+
+    def kill(self, name: str) -> None:
+        """SIGKILL one process and everything it started (its process group), as a crashed machine would."""
+        process = self.processes.pop(name)
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait(10)
+
+    def stop(self) -> None:
+        """Workers first (their runs hand back what they have not fenced), then everything else."""
+        order = sorted(self.processes, key=lambda n: (not n.startswith("worker"), n == "prefect-server"))
+        for name in order:
+            process = self.processes[name]
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGTERM)
+        for name in order:
+            process = self.processes[name]
+            try:
+                process.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait(10)
+        self.processes.clear()
+        if self._mailbox is not None:
+            self._mailbox.shutdown()
+        if self.sink is not None:
+            self.sink.stop()
