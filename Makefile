@@ -19,7 +19,7 @@ demo: venv
 check: venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy --strict outbox
+	$(BIN)/mypy --strict outbox flows
 	$(BIN)/lint-imports
 
 test: check

@@ -46,11 +46,13 @@ async def drain(
     """Carry out actions for at most `max_seconds` or `max_actions` claims, then return a summary."""
     ship_outbox_logs()
     logger = get_run_logger()
-    url = load_settings().database_url
+    settings = load_settings()
+    url = settings.database_url
     if not url:
         raise ValueError("OUTBOX_DATABASE_URL is not set for the drain flow")
     engine = async_engine(url, pool_size=4, max_overflow=4)
-    executor = Executor(engine, load_adapters(adapters)(engine), ExecutorConfig(concurrency=concurrency))
+    config = ExecutorConfig(concurrency=concurrency, lease_seconds=settings.lease_seconds)
+    executor = Executor(engine, load_adapters(adapters)(engine), config)
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, executor.stop)
     started = loop.time()

@@ -17,6 +17,9 @@ class Settings(BaseSettings):
     # where the embedded PostgreSQL keeps its data when OUTBOX_DATABASE_URL is unset
     data_dir: Path = Path(".outbox")
 
+    # a claim's lease in the drain flow's executor (more than the 60 s write window)
+    lease_seconds: float = 300.0
+
     # the SMTP relay of the email adapter (the password is never logged)
     smtp_host: str = "127.0.0.1"
     smtp_port: int = 8025

@@ -10,6 +10,7 @@ Prefect is driven through its command line, so `outbox` never imports it. Every 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -24,9 +25,19 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+import psutil
+
 from outbox.email.sink import Faults, SmtpSink
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process `pid` started, and they started, that still runs."""
+    try:
+        return [child.pid for child in psutil.Process(pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
 
 
 def free_port() -> int:
@@ -35,15 +46,17 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
+def answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return bool(response.status == 200)
+    except (urllib.error.URLError, ConnectionError, TimeoutError):
+        return False
+
+
 def wait_until_answers(url: str, timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
-    while True:
-        try:
-            with urllib.request.urlopen(url, timeout=2) as response:
-                if response.status == 200:
-                    return
-        except (urllib.error.URLError, ConnectionError, TimeoutError):
-            pass
+    while not answers(url):
         if time.monotonic() > deadline:
             raise RuntimeError(f"{what} did not answer at {url} within {timeout:.0f} s")
         time.sleep(0.2)
@@ -56,7 +69,8 @@ class Stack:
     workers: int = 3
     flaky: float = 0.1
     adapters: str = "examples.accounts:adapters"
-    drain_interval: int = 15
+    # a shorter lease makes a killed worker's actions come back sooner (tests)
+    lease_seconds: float = 300.0
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     sink: SmtpSink | None = None
     prefect_url: str = ""
@@ -118,6 +132,7 @@ class Stack:
             "OUTBOX_SMTP_TIMEOUT_SECONDS": "5",
             "OUTBOX_PROJECT_DIR": str(ROOT),
             "OUTBOX_ADAPTERS": self.adapters,
+            "OUTBOX_LEASE_SECONDS": str(self.lease_seconds),
             "PREFECT_HOME": str(self.workdir / "prefect"),
             "PREFECT_API_URL": f"{self.prefect_url}/api",
             "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
@@ -150,9 +165,7 @@ class Stack:
 
     def _spawn(self, name: str, command: list[str]) -> subprocess.Popen[bytes]:
         log = (self.workdir / f"{name}.log").open("ab")
-        process = subprocess.Popen(
-            command, env=self.env(), cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-        )
+        process = subprocess.Popen(command, env=self.env(), cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
         self.processes[name] = process
         return process
 
@@ -184,25 +197,31 @@ class Stack:
     # ---- stop ----------------------------------------------------------------------------------------
 
     def kill(self, name: str) -> None:
-        """SIGKILL one process and everything it started (its process group), as a crashed machine would."""
+        """SIGKILL one process and every process it started (a worker's flow runs run in sessions of their
+        own), as a crashed machine would."""
         process = self.processes.pop(name)
-        os.killpg(process.pid, signal.SIGKILL)
+        for pid in [*descendants(process.pid), process.pid]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         process.wait(10)
 
     def stop(self) -> None:
-        """Workers first (their runs hand back what they have not fenced), then everything else."""
+        """Workers first (their runs hand back what they have not fenced), then everything else; whatever
+        a child started and left behind goes last."""
         order = sorted(self.processes, key=lambda n: (not n.startswith("worker"), n == "prefect-server"))
+        started = {pid for name in order for pid in descendants(self.processes[name].pid)}
         for name in order:
             process = self.processes[name]
             if process.poll() is None:
-                os.killpg(process.pid, signal.SIGTERM)
-        for name in order:
-            process = self.processes[name]
+                process.send_signal(signal.SIGTERM)
             try:
-                process.wait(60)
+                process.wait(90)
             except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
+                process.kill()
                 process.wait(10)
+        for pid in started:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         self.processes.clear()
         if self._mailbox is not None:
             self._mailbox.shutdown()

@@ -30,7 +30,7 @@ from outbox.db import sync_engine
 from outbox.email import enqueue_email
 from outbox.errors import OutboxError
 from outbox.settings import load_settings
-from outbox.stack import Stack
+from outbox.stack import Stack, answers
 
 console = Console()
 
@@ -169,6 +169,12 @@ def summary_table(engine: Engine, first_id: int, elapsed: float, stack: Stack) -
     table.add_row("pickup delay p50 / p99", f"<= {_quantile(pickup, 0.5)} / <= {_quantile(pickup, 0.99)} s")
     table.add_row("messages at the sink", str(len(stack.sink.received)))
     table.add_row("duplicates at the sink", str(duplicates))
+    for name, url in (
+        ("Prefect UI", stack.prefect_url),
+        ("metrics", stack.metrics_url),
+        ("mailbox", stack.mailbox_url),
+    ):
+        table.add_row(f"{name} answers", "yes" if answers(url) else "NO")
     return table
 
 

@@ -86,13 +86,22 @@ class Committer:
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="outbox-committer")
 
-    async def close(self) -> None:
-        """Finish what is queued, then stop."""
+    async def close(self, seconds: float = 30.0) -> None:
+        """Finish what is queued, then stop. Writes still unmade after `seconds` (the database is gone)
+        fail: their actions stay as the database has them, and their leases bring them back."""
         if self._task is None:
             return
         self._closing = True
         self._arrived.set()
-        await self._task
+        done, _ = await asyncio.wait({self._task}, timeout=seconds)
+        if not done:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            for pending in self._queue:
+                if not pending.future.done():
+                    pending.future.set_exception(ConnectionError("the database was unreachable until shutdown"))
+            self._queue.clear()
 
     async def begin_write(self, action: ClaimedAction) -> str | None:
         """The fence: None when it committed, else the reason it refused."""
