@@ -32,12 +32,19 @@ from outbox.email.sink import Faults, SmtpSink
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def descendants(pid: int) -> list[int]:
-    """Every process `pid` started, and they started, that still runs."""
+def descendants(pid: int) -> list[psutil.Process]:
+    """Every process `pid` started, and they started, that still runs. A psutil.Process remembers its
+    start time, so killing it later can never hit another process that reused its PID."""
     try:
-        return [child.pid for child in psutil.Process(pid).children(recursive=True)]
+        return list(psutil.Process(pid).children(recursive=True))
     except psutil.NoSuchProcess:
         return []
+
+
+def kill_all(processes: list[psutil.Process]) -> None:
+    for process in processes:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            process.kill()
 
 
 def free_port() -> int:
@@ -200,16 +207,16 @@ class Stack:
         """SIGKILL one process and every process it started (a worker's flow runs run in sessions of their
         own), as a crashed machine would."""
         process = self.processes.pop(name)
-        for pid in [*descendants(process.pid), process.pid]:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        children = descendants(process.pid)
+        process.kill()
+        kill_all(children)
         process.wait(10)
 
     def stop(self) -> None:
         """Workers first (their runs hand back what they have not fenced), then everything else; whatever
         a child started and left behind goes last."""
         order = sorted(self.processes, key=lambda n: (not n.startswith("worker"), n == "prefect-server"))
-        started = {pid for name in order for pid in descendants(self.processes[name].pid)}
+        started = [child for name in order for child in descendants(self.processes[name].pid)]
         for name in order:
             process = self.processes[name]
             if process.poll() is None:
@@ -219,9 +226,7 @@ class Stack:
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait(10)
-        for pid in started:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        kill_all(started)
         self.processes.clear()
         if self._mailbox is not None:
             self._mailbox.shutdown()
