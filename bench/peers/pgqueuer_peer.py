@@ -1,0 +1,134 @@
+"""pgqueuer as a benchmark system: a PgQueuer worker over one asyncpg connection, and its enqueue API.
+
+    worker:   python -m bench.peers.pgqueuer_peer worker --url ... --record ... [--concurrency N]
+    producer: python -m bench.peers.pgqueuer_peer produce --url ... --rate ... --seconds ...
+
+pgqueuer has no per-key serial execution (an entrypoint's `concurrency_limit=1` serialises the whole
+entrypoint), so it sits out the lanes run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.peers import System, WorkerSpec, base_env, libpq_url, python
+from bench.peers.common import Recorder, mark_ready, produce, worker_arguments
+
+# jobs a worker fetches per dequeue; also the size of its batched completion log
+BATCH_SIZE = 50
+
+
+class Pgqueuer(System):
+    name = "pgqueuer"
+    settings = f"1 asyncpg connection per worker, batch_size {BATCH_SIZE}, unlimited tasks, LISTEN/NOTIFY"
+
+    def prepare(self, url: str) -> None:
+        asyncio.run(_install(libpq_url(url)))
+
+    def preload(self, url: str, count: int, lanes: int | None) -> float | None:
+        if lanes is not None:
+            raise ValueError("pgqueuer has no lanes")
+        asyncio.run(_preload(libpq_url(url), count))
+        return None
+
+    def pending_sql(self) -> str:
+        return "SELECT count(*) FROM pgqueuer WHERE status IN ('queued', 'picked')"
+
+    def worker(self, url: str, record: Path, ready: Path, lanes: bool) -> WorkerSpec:
+        return WorkerSpec(
+            [
+                python(),
+                "-m",
+                __name__,
+                "worker",
+                "--url",
+                libpq_url(url),
+                "--record",
+                str(record),
+                "--ready",
+                str(ready),
+            ],
+            base_env(),
+        )
+
+    def producer(self, url: str, out: Path, rate: float, seconds: float) -> WorkerSpec:
+        spec = super().producer(libpq_url(url), out, rate, seconds)
+        spec.env = base_env()
+        return spec
+
+
+async def _install(dsn: str) -> None:
+    import asyncpg
+    from pgqueuer import AsyncpgDriver, Queries
+
+    conn = await asyncpg.connect(dsn)
+    try:
+        await Queries(AsyncpgDriver(conn)).install()
+    finally:
+        await conn.close()
+
+
+async def _preload(dsn: str, count: int) -> None:
+    import asyncpg
+    from pgqueuer import AsyncpgDriver, Queries
+
+    conn = await asyncpg.connect(dsn)
+    try:
+        await Queries(AsyncpgDriver(conn)).enqueue(["noop"] * count, [None] * count, [0] * count)
+    finally:
+        await conn.close()
+
+
+async def _work(dsn: str, record: str, ready: str | None) -> None:
+    import asyncpg
+    from pgqueuer import Job, PgQueuer
+
+    recorder = Recorder(record)
+    conn = await asyncpg.connect(dsn)
+    pgq = PgQueuer.from_asyncpg_connection(conn)
+
+    @pgq.entrypoint("noop")
+    async def noop(job: Job) -> None:
+        recorder.add(str(job.id), "", 0, time.monotonic_ns())
+
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, pgq.qm.shutdown.set)
+    mark_ready(ready)
+    try:
+        await pgq.qm.run(batch_size=BATCH_SIZE)
+    finally:
+        recorder.write()
+
+
+async def _produce(dsn: str, rate: float, seconds: float, connections: int, out: Path) -> None:
+    import asyncpg
+    from pgqueuer import AsyncpgPoolDriver, Queries
+
+    pool: Any = await asyncpg.create_pool(dsn, min_size=connections, max_size=connections)
+    queries = Queries(AsyncpgPoolDriver(pool))
+
+    async def enqueue_one(i: int) -> str:
+        ids = await queries.enqueue("noop", None, 0)
+        return str(ids[0])
+
+    try:
+        await produce(enqueue_one, rate, seconds, connections, out)
+    finally:
+        await pool.close()
+
+
+def main() -> None:
+    args = worker_arguments(__doc__ or "")
+    if args.command == "worker":
+        asyncio.run(_work(args.url, args.record, args.ready))
+    else:
+        asyncio.run(_produce(args.url, args.rate, args.seconds, args.connections, Path(args.out)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,155 @@
+"""The database's own limit for outbox's row writes: insert, claim, fence, finish, with no executor around them.
+
+    minimal  : a bare `job` table (no trigger, no lane table); per round trip of 50:
+               claim (UPDATE ... SKIP LOCKED) ─▶ fence (UPDATE write_started_at) ─▶ finish (UPDATE to DONE),
+               each its own transaction, as outbox's executor does them
+    lifecycle: the same, after inserting those 50 jobs one per transaction, as callers enqueue them
+    schema   : outbox's own statements (`outbox.store`) on `agent_action` with its triggers and lane table,
+               in the committer's transaction shapes: what the database costs outbox before any Python runs
+
+    python -m bench.peers.sql_loop minimal|lifecycle|schema --url ... --seconds S --out FILE
+
+Each process loops until nothing is left to claim (or `--seconds` for lifecycle) and writes
+`<jobs> <first start ns> <last end ns>`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import psycopg
+from sqlalchemy import create_engine
+
+BATCH = 50
+
+CREATE = """
+CREATE TABLE job (
+    id               bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    lane             text        NOT NULL,
+    payload          jsonb,
+    state            text        NOT NULL DEFAULT 'ADMITTED',
+    epoch            integer     NOT NULL DEFAULT 0,
+    lease_expires_at timestamptz,
+    write_started_at timestamptz,
+    ended_at         timestamptz,
+    created_at       timestamptz NOT NULL DEFAULT now()
+) WITH (fillfactor = 80);
+CREATE INDEX job_ready ON job (id) WHERE state = 'ADMITTED';
+"""
+PRELOAD = "INSERT INTO job (lane, payload) SELECT 'lane-' || g, '{}' FROM generate_series(1, %(count)s) AS g"
+INSERT = "INSERT INTO job (lane, payload) VALUES (%s, '{}')"
+CLAIM = """
+UPDATE job SET state = 'EXECUTING', epoch = epoch + 1, lease_expires_at = now() + interval '300 s'
+ WHERE id IN (SELECT id FROM job WHERE state = 'ADMITTED' ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED)
+RETURNING id, epoch
+"""
+FENCE = """
+UPDATE job AS j SET write_started_at = now()
+  FROM unnest(%s::bigint[], %s::int[]) AS f (id, epoch)
+ WHERE j.id = f.id AND j.epoch = f.epoch AND j.state = 'EXECUTING'
+   AND j.lease_expires_at >= now() + interval '60 s'
+"""
+FINISH = """
+UPDATE job AS j SET state = 'DONE', ended_at = now(), payload = NULL, lease_expires_at = NULL
+  FROM unnest(%s::bigint[], %s::int[]) AS f (id, epoch)
+ WHERE j.id = f.id AND j.epoch = f.epoch AND j.state = 'EXECUTING'
+"""
+
+
+def create_minimal(url: str, preload: int) -> None:
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(CREATE)  # type: ignore[arg-type]
+        if preload:
+            conn.execute(PRELOAD, {"count": preload})  # type: ignore[arg-type]
+            conn.execute("VACUUM ANALYZE job")
+
+
+def minimal(url: str, seconds: float | None, insert: bool) -> tuple[int, int, int]:
+    done = 0
+    with psycopg.connect(url, autocommit=True) as conn:
+        start = time.monotonic_ns()
+        deadline = start + int((seconds or 1e9) * 1e9)
+        while time.monotonic_ns() < deadline:
+            if insert:
+                for i in range(BATCH):
+                    conn.execute(INSERT, (f"lane-{done + i}",))  # type: ignore[arg-type]
+            rows = conn.execute(CLAIM, (BATCH,)).fetchall()  # type: ignore[arg-type]
+            if not rows:
+                break
+            ids, epochs = [r[0] for r in rows], [r[1] for r in rows]
+            conn.execute(FENCE, (ids, epochs))  # type: ignore[arg-type]
+            conn.execute(FINISH, (ids, epochs))  # type: ignore[arg-type]
+            done += len(rows)
+        return done, start, time.monotonic_ns()
+
+
+def schema(url: str) -> tuple[int, int, int]:
+    """outbox's claim, fence and finish statements, in the committer's transactions, on its own schema."""
+    from outbox import store
+    from outbox.db import psycopg_url
+
+    engine = create_engine(psycopg_url(url))
+    done = 0
+    start = time.monotonic_ns()
+    with engine.connect() as conn:
+        while True:
+            with conn.begin():
+                claimed = list(
+                    conn.execute(
+                        store.CLAIM_READY_HEADS, {"limit": BATCH, "lease_seconds": 300, "kinds": ["TEST_NOOP"]}
+                    )
+                )
+            if not claimed:
+                break
+            ids = sorted(r.id for r in claimed)
+            epochs = [r.epoch for r in sorted(claimed, key=lambda r: r.id)]
+            lanes = sorted({r.lane_key for r in claimed})
+            with conn.begin():
+                conn.execute(store.LOCK_ACTIONS, {"ids": ids})
+                conn.execute(store.BEGIN_WRITES, {"ids": ids, "epochs": epochs, "window_seconds": 60.0})
+            n = len(ids)
+            with conn.begin():
+                conn.execute(store.LOCK_ACTIONS, {"ids": ids})
+                conn.execute(store.LOCK_LANES, {"lanes": lanes})
+                conn.execute(
+                    store.FINISH_ATTEMPTS,
+                    {
+                        "ids": ids,
+                        "epochs": epochs,
+                        "states": ["DONE"] * n,
+                        "stop_reasons": ["CONFIRMED"] * n,
+                        "readback_refs": ["noop"] * n,
+                        "delays": [0.0] * n,
+                        "uncounts": [0] * n,
+                        "fences": ["keep"] * n,
+                        "prior_writes": [None] * n,
+                    },
+                )
+            done += n
+    engine.dispose()
+    return done, start, time.monotonic_ns()
+
+
+def read_result(path: Path) -> tuple[int, int, int]:
+    jobs, start, end = path.read_text().split()
+    return int(jobs), int(start), int(end)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("variant", choices=["minimal", "lifecycle", "schema"])
+    parser.add_argument("--url", required=True)
+    parser.add_argument("--seconds", type=float, default=None)
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+    if args.variant == "schema":
+        result = schema(args.url)
+    else:
+        result = minimal(args.url, args.seconds, insert=args.variant == "lifecycle")
+    Path(args.out).write_text(" ".join(str(v) for v in result) + "\n")
+
+
+if __name__ == "__main__":
+    main()
