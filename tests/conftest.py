@@ -24,7 +24,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from outbox import migrate
 from outbox.cli import main
-from outbox.db import async_engine, psycopg_url, start_embedded_postgres
+from outbox.db import async_engine, embedded_postgres_server, psycopg_url
 from outbox.testing import install_kinds
 from tests import kinds as test_kinds
 
@@ -38,7 +38,10 @@ def server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     if configured:
         yield psycopg_url(configured)
         return
-    yield start_embedded_postgres(Path(tmp_path_factory.mktemp("embedded")))
+    # stopped when the session ends (Ctrl-C included), before the exit handlers run
+    server = embedded_postgres_server(Path(tmp_path_factory.mktemp("embedded")))
+    yield psycopg_url(server.get_uri())
+    server.cleanup()
 
 
 def _database_url(server_url: str, name: str) -> str:
