@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from typing import Any
 
 from sqlalchemy import Engine, text
@@ -178,44 +180,49 @@ async def test_stop_cancels_an_attempt_that_does_not_reach_its_fence(engine: Eng
     assert (row(engine, action_id)["state"], row(engine, action_id)["attempt"]) == ("ADMITTED", 0)
 
 
-async def test_an_enqueue_wakes_an_idle_executor(engine: Engine, aengine: AsyncEngine) -> None:
-    done = asyncio.Event()
+@contextlib.asynccontextmanager
+async def idle_executor(aengine: AsyncEngine, config: ExecutorConfig, *, listen: bool) -> AsyncIterator[asyncio.Event]:
+    """A running executor with nothing to do; the event is set when it carries out an action."""
+    carried_out = asyncio.Event()
 
     async def confirm(attempt: ActionAttempt) -> Result:
-        (await attempt.fence().begin_write()).check()
-        done.set()
+        carried_out.set()
         return Done("ok")
 
-    # polling once an hour: only the notification can wake it in time
-    config = ExecutorConfig(poll_seconds=3600, sweep_seconds=3600)
-    executor = Executor(aengine, [ScriptedAdapter(kinds.NOOP, confirm)], config)
+    executor = Executor(aengine, [ScriptedAdapter(kinds.NOOP, confirm)], config, listen=listen)
     running = asyncio.create_task(executor.run())
     try:
-        await until_listening(engine)
-        await asyncio.to_thread(enqueue, engine)
-        await asyncio.wait_for(done.wait(), 10)
+        yield carried_out
     finally:
         executor.stop()
         await running
+
+
+# polling and sweeping once an hour: only a notification can wake the executor in time
+NOTIFIED_ONLY = ExecutorConfig(poll_seconds=3600, sweep_seconds=3600)
+
+
+async def test_an_enqueue_wakes_an_idle_executor(engine: Engine, aengine: AsyncEngine) -> None:
+    async with idle_executor(aengine, NOTIFIED_ONLY, listen=True) as carried_out:
+        await until_listening(engine)
+        await asyncio.to_thread(enqueue, engine)
+        await asyncio.wait_for(carried_out.wait(), 10)
+
+
+async def test_refusing_a_proposed_head_wakes_an_idle_executor(engine: Engine, aengine: AsyncEngine) -> None:
+    proposal = enqueue(engine, lane="decide", proposed=True)
+    behind = enqueue(engine, lane="decide")
+    async with idle_executor(aengine, NOTIFIED_ONLY, listen=True) as carried_out:
+        await until_listening(engine)
+        await asyncio.to_thread(refuse, engine, proposal)
+        await asyncio.wait_for(carried_out.wait(), 10)
+    assert row(engine, behind)["attempt"] == 1
 
 
 async def test_polling_finds_work_when_no_notification_comes(engine: Engine, aengine: AsyncEngine) -> None:
-    done = asyncio.Event()
-
-    async def confirm(attempt: ActionAttempt) -> Result:
-        done.set()
-        return Done("ok")
-
-    executor = Executor(
-        aengine, [ScriptedAdapter(kinds.NOOP, confirm)], ExecutorConfig(poll_seconds=0.05), listen=False
-    )
-    running = asyncio.create_task(executor.run())
-    try:
+    async with idle_executor(aengine, ExecutorConfig(poll_seconds=0.05), listen=False) as carried_out:
         await asyncio.to_thread(enqueue, engine)
-        await asyncio.wait_for(done.wait(), 10)
-    finally:
-        executor.stop()
-        await running
+        await asyncio.wait_for(carried_out.wait(), 10)
 
 
 async def until_listening(engine: Engine) -> None:
@@ -234,29 +241,6 @@ async def until_listening(engine: Engine) -> None:
         if await asyncio.to_thread(listening):
             return
     raise AssertionError("the executor never listened")
-
-
-async def test_refusing_a_proposed_head_wakes_an_idle_executor(engine: Engine, aengine: AsyncEngine) -> None:
-    proposal = enqueue(engine, lane="decide", proposed=True)
-    behind = enqueue(engine, lane="decide")
-    done = asyncio.Event()
-
-    async def confirm(attempt: ActionAttempt) -> Result:
-        done.set()
-        return Done("ok")
-
-    # polling and sweeping once an hour: only the notification can wake it in time
-    config = ExecutorConfig(poll_seconds=3600, sweep_seconds=3600)
-    executor = Executor(aengine, [ScriptedAdapter(kinds.NOOP, confirm)], config)
-    running = asyncio.create_task(executor.run())
-    try:
-        await until_listening(engine)
-        await asyncio.to_thread(refuse, engine, proposal)
-        await asyncio.wait_for(done.wait(), 10)
-        assert row(engine, behind)["attempt"] == 1
-    finally:
-        executor.stop()
-        await running
 
 
 def refuse(engine: Engine, action_id: int) -> None:
