@@ -50,7 +50,7 @@ def flow_runs(prefect_url: str) -> list[dict[str, Any]]:
 
 
 def test_a_killed_worker_loses_nothing_and_sends_nothing_twice(engine: Engine, stack: Stack, tmp_path: Path) -> None:
-    enqueue_workload(engine, EMAILS, LANES, unsubscribe=0.0)
+    enqueue_workload(engine, EMAILS, LANES)
     stack.run_drain_now()
     until(lambda: ended(engine) >= EMAILS // 5, timeout=180, what="a fifth of the emails to end")
     stack.kill("worker-1")  # the worker and the flow run it started, as a crashed machine

@@ -40,7 +40,9 @@ def demo(
     lanes: int = typer.Option(200, min=1, help="Workspaces, each one lane of alerts."),
     workers: int = typer.Option(3, min=1, help="Prefect worker replicas."),
     flaky: float = typer.Option(0.1, min=0, max=1, help="Share of deliveries the SMTP sink fails."),
-    unsubscribe: float = typer.Option(0.05, min=0, max=1, help="Share of admins who unsubscribe while it runs."),
+    unsubscribe: float = typer.Option(
+        0.05, min=0, max=1, help="Share of workspaces whose admins unsubscribe while it runs."
+    ),
     timeout: float = typer.Option(900, min=1, help="Give up after this many seconds."),
     keep_running: bool = typer.Option(False, "--keep-running", help="Leave the stack up until Ctrl-C."),
 ) -> None:
@@ -57,8 +59,9 @@ def demo(
         with console.status("starting the SMTP sink, Prefect server, deployments, exporter and workers"):
             stack.start()
         console.print(f"Prefect UI: {stack.prefect_url}   metrics: {stack.metrics_url}   mailbox: {stack.mailbox_url}")
-        first_id, started = enqueue_workload(engine, emails, lanes, unsubscribe), time.monotonic()
+        first_id, started = enqueue_workload(engine, emails, lanes), time.monotonic()
         stack.run_drain_now()  # the first scheduled tick may be 15 s away
+        unsubscribe_some(engine, first_id, unsubscribe)
         wait_for_the_end(engine, first_id, emails, timeout)
         elapsed = time.monotonic() - started
         console.print(summary_table(engine, first_id, elapsed, stack))
@@ -90,9 +93,8 @@ WORKLOAD_TABLES = (
 )
 
 
-def enqueue_workload(engine: Engine, emails: int, lanes: int, unsubscribe: float) -> int:
+def enqueue_workload(engine: Engine, emails: int, lanes: int) -> int:
     """Workspaces with two verified admins each, and `emails` alerts spread over them; returns the first id."""
-    rng = random.Random(42)
     with engine.begin() as conn:
         base = int(conn.execute(text("SELECT coalesce(max(id), 0) FROM app_workspace")).scalar_one())
         params = {"base": base, "lanes": lanes, "emails": emails}
@@ -109,17 +111,28 @@ def enqueue_workload(engine: Engine, emails: int, lanes: int, unsubscribe: float
                     conn, notices.WORKSPACE_ALERT, {"workspace_id": workspace_id, "alert_id": alert_id}
                 )
                 first_id = action.id if first_id is None else first_id
-        if rng.random() < 0.5:  # meanwhile, some admins unsubscribe
-            with engine.begin() as conn:
-                conn.execute(
-                    text(
-                        "INSERT INTO app_unsubscription SELECT id, 'workspace_alert' FROM app_account"
-                        " WHERE id / 10 > :base AND random() < :share ON CONFLICT DO NOTHING"
-                    ),
-                    {"base": base, "share": unsubscribe / max(1, len(alerts) // 200)},
-                )
     assert first_id is not None
     return first_id
+
+
+def unsubscribe_some(engine: Engine, first_id: int, share: float) -> None:
+    """While the emails go out, both admins of a share of the workspaces unsubscribe: their alerts that
+    have not gone out yet end CANCELLED / NOT_WANTED at their next attempt."""
+    rng = random.Random(42)
+    with engine.begin() as conn:
+        workspaces = (
+            conn.execute(text("SELECT DISTINCT workspace_id FROM agent_action WHERE id >= :first"), {"first": first_id})
+            .scalars()
+            .all()
+        )
+        chosen = [w for w in workspaces if rng.random() < share]
+        conn.execute(
+            text(
+                "INSERT INTO app_unsubscription SELECT account_id, 'workspace_alert' FROM app_membership"
+                " WHERE workspace_id = ANY (:chosen) ON CONFLICT DO NOTHING"
+            ),
+            {"chosen": chosen},
+        )
 
 
 def wait_for_the_end(engine: Engine, first_id: int, total: int, timeout: float) -> None:
