@@ -9,7 +9,8 @@ from sqlalchemy import Engine, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 import outbox
-from outbox.executor import ActionAttempt, Done, Executor, ExecutorConfig, Result
+from outbox.executor import ActionAttempt, Done, Executor, ExecutorConfig, Result, Retry
+from outbox.testing import drain
 from tests import kinds
 from tests.adapters import ScriptedAdapter
 from tests.test_executor_results import enqueue, row
@@ -262,3 +263,54 @@ async def test_refusing_a_proposed_head_wakes_an_idle_executor(engine: Engine, a
 def refuse(engine: Engine, action_id: int) -> None:
     with engine.begin() as conn:
         outbox.refuse(conn, action_id)
+
+
+async def test_a_retry_before_its_own_fence_keeps_an_earlier_write_known(engine: Engine, aengine: AsyncEngine) -> None:
+    """Found by the chaos run's design: a reclaimed read-back action whose adapter fails before its own fence
+    (here its read-back lookup raises) is retried, and that retry used to clear write_started_at, which an
+    earlier attempt had set. The next attempt then believed nothing was written and wrote a second time."""
+    action_id = enqueue(engine)
+    provider = Provider()
+    with engine.begin() as conn:  # attempt 1 fenced and wrote, then its holder died
+        conn.execute(
+            text(
+                "UPDATE agent_action SET state = 'EXECUTING', epoch = 1, attempt = 1,"
+                " lease_expires_at = now() - interval '1 s', write_started_at = now() WHERE id = :id"
+            ),
+            {"id": action_id},
+        )
+    provider.writes.append(action_id)
+    seen: list[tuple[int, bool]] = []
+
+    async def behaviour(attempt: ActionAttempt) -> Result:
+        seen.append((attempt.action.attempt, attempt.write_started()))
+        if attempt.action.attempt == 2:
+            raise ConnectionError("the provider's read-back lookup failed")  # before the fence: a Retry
+        if attempt.write_started() and provider.holds(attempt.action.id):
+            return Done("found by read-back")
+        (await attempt.fence().begin_write()).check()
+        provider.writes.append(attempt.action.id)
+        return Done("written again")
+
+    await drain(aengine, [ScriptedAdapter(kinds.NOOP, behaviour)])
+    assert seen == [(2, True), (3, True)]  # the retry still knows the first attempt may have written
+    assert provider.writes == [action_id]  # so it read back instead of writing twice
+    final = row(engine, action_id)
+    assert (final["state"], final["readback_ref"]) == ("DONE", "found by read-back")
+
+
+async def test_a_retry_after_its_own_fence_clears_it(engine: Engine, aengine: AsyncEngine) -> None:
+    """The seed's rule for a proven retry stands: the provider holds nothing, so the fence is cleared."""
+    action_id = enqueue(engine)
+    seen: list[bool] = []
+
+    async def behaviour(attempt: ActionAttempt) -> Result:
+        seen.append(attempt.write_started())
+        if attempt.action.attempt == 1:
+            (await attempt.fence().begin_write()).check()
+            return Retry("451: the provider accepted nothing")
+        return Done("ok")
+
+    await drain(aengine, [ScriptedAdapter(kinds.NOOP, behaviour)])
+    assert seen == [False, False]
+    assert row(engine, action_id)["state"] == "DONE"

@@ -300,7 +300,7 @@ class Executor:
 
     async def _record(self, attempt: ActionAttempt, result: Result, started: float) -> None:
         action = attempt.action
-        write = finish_write(action, result)
+        write = finish_write(action, result, fenced=attempt.fenced)
         assert self._committer is not None
         seconds = asyncio.get_running_loop().time() - started
         report = AttemptReport(result_name(result), seconds, action.pickup_seconds)
@@ -321,8 +321,13 @@ def _uncertain_after_error(reason: str) -> Uncertain:
     return Uncertain(reason, StopReason.ERROR_AFTER_WRITE)
 
 
-def finish_write(action: ClaimedAction, result: Result) -> FinishWrite | None:
-    """The row values a result writes, exactly as the seed's table says."""
+def finish_write(action: ClaimedAction, result: Result, *, fenced: bool = True) -> FinishWrite | None:
+    """The row values a result writes, exactly as the seed's table says.
+
+    A retry clears only its own attempt's fence. An attempt that never fenced (an exception before the
+    fence counts as a retry) proves nothing about an earlier attempt's write: it keeps what its claim
+    found, so the next attempt of a read-back kind still looks before it writes.
+    """
     match result:
         case Done(readback_ref=ref):
             return FinishWrite(ActionState.DONE, StopReason.CONFIRMED, readback_ref=ref)
@@ -330,7 +335,7 @@ def finish_write(action: ClaimedAction, result: Result) -> FinishWrite | None:
             if action.attempt >= action.max_attempts:
                 return FinishWrite(ActionState.FAILED, StopReason.ATTEMPTS_EXHAUSTED)
             delay = after if after is not None else retry_delay(action.attempt)
-            return FinishWrite(ActionState.ADMITTED, delay_seconds=delay, fence="clear")
+            return FinishWrite(ActionState.ADMITTED, delay_seconds=delay, fence="clear" if fenced else "restore")
         case Defer(after=after):
             return FinishWrite(ActionState.ADMITTED, delay_seconds=after, uncount=1, fence="restore")
         case Uncertain(stop_reason=reason):
