@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 from typing import Any
 
-from sqlalchemy import Engine, text
+from sqlalchemy import Engine, event, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 import outbox
+from outbox.db import async_engine
 from outbox.executor import ActionAttempt, Done, Executor, ExecutorConfig, Result, Retry
 from outbox.testing import drain
 from tests import kinds
@@ -314,3 +316,45 @@ async def test_a_retry_after_its_own_fence_clears_it(engine: Engine, aengine: As
     await drain(aengine, [ScriptedAdapter(kinds.NOOP, behaviour)])
     assert seen == [False, False]
     assert row(engine, action_id)["state"] == "DONE"
+
+
+def test_a_frozen_executor_does_not_block_enqueues_into_its_lanes(engine: Engine, database_url: str) -> None:
+    """Found by the chaos run: an executor frozen (SIGSTOP) inside its group commit kept its lane's row
+    locked, and an application's enqueue into that lane waited for as long as the process stayed frozen.
+    The executor bounds how long its transactions may sit idle: the server ends the frozen session, the
+    enqueue goes through, and the executor, once it wakes, finds its connection lost and tries again."""
+    action_id = enqueue(engine, lane="frozen")
+    frozen, release = threading.Event(), threading.Event()
+    outcome: list[Any] = []
+
+    def freeze_before_the_result(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if "SET state = f.state" in statement and not release.is_set():
+            frozen.set()
+            release.wait(60)  # blocks this executor's event loop: its whole process is frozen
+
+    async def run_executor() -> None:
+        aengine = async_engine(database_url)
+        event.listen(aengine.sync_engine, "before_cursor_execute", freeze_before_the_result)
+        config = ExecutorConfig(idle_in_transaction_seconds=1)
+        executor = Executor(aengine, [ScriptedAdapter(kinds.NOOP)], config, listen=False)
+        outcome.append(await executor.run(until_idle=True))
+        await aengine.dispose()
+
+    thread = threading.Thread(target=asyncio.run, args=(run_executor(),))
+    thread.start()
+    try:
+        assert frozen.wait(30), "the executor never reached its result write"
+        with engine.begin() as conn:  # the application's transaction: it must not wait for the frozen process
+            conn.execute(text("SET LOCAL lock_timeout = '10s'"))
+            behind = outbox.enqueue(
+                conn,
+                outbox.ActionRequest(
+                    kind=kinds.NOOP, workspace_id=1, lane_key="frozen", idempotency_key="behind", payload={}
+                ),
+            )
+    finally:
+        release.set()
+        thread.join(60)
+    assert not thread.is_alive() and outcome
+    assert row(engine, action_id)["state"] == "DONE"  # recorded on a new connection after the wake-up
+    assert row(engine, behind.id)["state"] == "DONE"

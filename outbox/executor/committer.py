@@ -73,8 +73,9 @@ class _Pending:
 
 
 class Committer:
-    def __init__(self, engine: AsyncEngine) -> None:
+    def __init__(self, engine: AsyncEngine, *, idle_in_transaction_seconds: float = 5.0) -> None:
         self._engine = engine
+        self._idle_ms = max(1, round(idle_in_transaction_seconds * 1000))
         self._queue: list[_Pending] = []
         self._arrived = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -147,6 +148,7 @@ class Committer:
         resolutions: list[tuple[_Pending, str | bool | None]] = []
         held_elsewhere: list[_Pending] = []
         async with self._engine.begin() as conn:
+            await conn.execute(store.BOUND_IDLE_IN_TRANSACTION, {"ms": self._idle_ms})
             ids = sorted({p.action.id for p in batch})
             locked = {row.id: (row.epoch, row.state) for row in await conn.execute(store.LOCK_ACTIONS, {"ids": ids})}
             unlocked = [i for i in ids if i not in locked]

@@ -67,6 +67,9 @@ class ExecutorConfig:
     sweep_seconds: float = 1.0
     # on stop: how long an attempt that has not reached its fence may run before it is cancelled
     handback_grace_seconds: float = 5.0
+    # how long one of the executor's transactions may sit idle holding row locks (its process frozen)
+    # before the server ends it; every executor transaction takes milliseconds
+    idle_in_transaction_seconds: float = 5.0
 
     def __post_init__(self) -> None:
         if self.concurrency < 1 or self.claim_batch < 1:
@@ -75,8 +78,8 @@ class ExecutorConfig:
             raise ValueError(
                 f"lease_seconds must exceed the {WRITE_WINDOW_SECONDS:.0f} s write window, not {self.lease_seconds}"
             )
-        if self.poll_seconds <= 0 or self.sweep_seconds <= 0:
-            raise ValueError("poll_seconds and sweep_seconds must be positive")
+        if self.poll_seconds <= 0 or self.sweep_seconds <= 0 or self.idle_in_transaction_seconds <= 0:
+            raise ValueError("poll_seconds, sweep_seconds and idle_in_transaction_seconds must be positive")
 
 
 class Executor:
@@ -124,7 +127,7 @@ class Executor:
         """Claim and carry out actions until stopped, or until idle, a claim budget or a time is reached."""
         loop = asyncio.get_running_loop()
         self._wake = asyncio.Event()
-        self._committer = Committer(self._engine)
+        self._committer = Committer(self._engine, idle_in_transaction_seconds=self.config.idle_in_transaction_seconds)
         self._committer.start()
         if self._stopping:
             self._committer.refuse_fences = _STOPPING
@@ -221,6 +224,8 @@ class Executor:
     async def _execute(self, statement: Any, params: dict[str, Any]) -> list[Row[Any]]:
         try:
             async with self._engine.begin() as conn:
+                idle_ms = max(1, round(self.config.idle_in_transaction_seconds * 1000))
+                await conn.execute(store.BOUND_IDLE_IN_TRANSACTION, {"ms": idle_ms})
                 result = await conn.execute(statement, params)
                 return list(result) if result.returns_rows else []
         except DBAPIError as error:
