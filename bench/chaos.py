@@ -274,6 +274,7 @@ class Report:
     stop_codes: list[int | None] = field(default_factory=list)
     driver_retries: Counter[str] = field(default_factory=Counter)
     pg_restarts: list[float] = field(default_factory=list)
+    enqueue_seconds: list[float] = field(default_factory=list)
     sink_messages: int = 0
     provider_writes: int = 0
     settle_seconds: float = 0.0
@@ -320,6 +321,7 @@ class Chaos:
         self.counters = itertools.count(1)
         self.request_numbers: Counter[int] = Counter()
         self.pg_restarts: list[float] = []
+        self.enqueue_seconds: list[float] = []
         self.injecting = True
 
     # ---- set-up ----
@@ -343,8 +345,12 @@ class Chaos:
         admin.dispose()
         self.server = server
         self.url = make_url(server).set(database=self.db_name).render_as_string(hide_password=False)
+        # an application's connections: a lock wait past 30 s is reported (and retried), never endless
         self.engine = create_engine(
-            self.url, pool_pre_ping=True, pool_size=3, connect_args={"application_name": "chaos-driver"}
+            self.url,
+            pool_pre_ping=True,
+            pool_size=3,
+            connect_args={"application_name": "chaos-driver", "options": "-c lock_timeout=30s"},
         )
         with self.engine.begin() as conn:
             migrate.upgrade(conn)
@@ -421,8 +427,10 @@ class Chaos:
                     prepare(conn)
                 return outbox.enqueue(conn, request)
 
+        started = time.monotonic()
         try:
             action = retrying("enqueue", once, self.errors)
+            self.enqueue_seconds.append(time.monotonic() - started)
         except InvalidRequest:
             self.errors["enqueue refused (expired while retrying)"] += 1
             return None
@@ -998,6 +1006,7 @@ def check(chaos: Chaos, report: Report) -> None:
     report.unexpected_exits = chaos.unexpected_exits
     report.driver_retries = chaos.errors
     report.pg_restarts = chaos.pg_restarts
+    report.enqueue_seconds = chaos.enqueue_seconds
     for plan in chaos.planned.values():
         report.enqueued[plan.kind] += 1
         report.enqueued[f"{plan.kind} proposed"] += plan.proposed
@@ -1328,6 +1337,12 @@ def render(report: Report) -> str:
         f" (held only: p50 {percentile([k.recovery for k in held if k.recovery], 0.5):.1f} s; the lease is 65 s)."
         f" Restart to first heartbeat: p50 {percentile(beats, 0.5):.1f} s, max {max(beats, default=0):.1f} s.",
     ]
+    enqueues = report.enqueue_seconds
+    lines.append(
+        "Enqueue transactions (the application's side, retried across restarts):"
+        f" p50 {percentile(enqueues, 0.5) * 1000:.1f} ms, p99 {percentile(enqueues, 0.99) * 1000:.1f} ms,"
+        f" max {max(enqueues, default=0):.2f} s."
+    )
     if report.pg_restarts:
         lines.append("PostgreSQL restarts took " + ", ".join(f"{s:.1f} s" for s in report.pg_restarts) + ".")
     lines += [
