@@ -195,6 +195,7 @@ class Brink:
     action_id: int | None
     epoch: int | None
     since: float
+    slot: int = -1
     released_at: float | None = None
     outcome: str = ""
 
@@ -721,7 +722,9 @@ class Chaos:
             return
         self.relay_brink_addresses.discard(address)
         pid = _pid_of_peer(session.peer, self.sink.port)
-        if pid is None:
+        slot = next((s for s in self.slots if s.process is not None and s.process.pid == pid), None)
+        if slot is None or slot.brink is not None or slot.paused_until is not None:
+            self.faults["brink: email holder missed (its process was already stopped)"] += 1
             return
         os.kill(pid, signal.SIGSTOP)
         self.frozen_by_relay.put((pid, address, self.now()))
@@ -738,7 +741,7 @@ class Chaos:
                     action = next(
                         (p for p in self.planned.values() if p.kind == "EMAIL" and p.account == account), None
                     )
-                    slot.brink = Brink("EMAIL", action.id if action else None, None, since)
+                    slot.brink = Brink("EMAIL", action.id if action else None, None, since, slot.index)
                     self.brinks.append(slot.brink)
         for slot in self.slots:
             process = slot.process
@@ -752,7 +755,8 @@ class Chaos:
                 self.at(0.5, lambda slot=slot: self._start(slot))  # type: ignore[misc]
                 continue
             if slot.paused_until is not None and now >= slot.paused_until:
-                process.send_signal(signal.SIGCONT)
+                if slot.brink is None:  # the relay may have frozen it meanwhile: then the brink wakes it
+                    process.send_signal(signal.SIGCONT)
                 slot.paused_until = None
             if (
                 slot.brink is None
@@ -764,7 +768,7 @@ class Chaos:
                 action_id, epoch = _brink_of(slot.journal)
                 if action_id is not None and action_id not in self.brinks_seen:
                     self.brinks_seen.add(action_id)
-                    slot.brink = Brink(kinds.READBACK.name, action_id, epoch, now)
+                    slot.brink = Brink(kinds.READBACK.name, action_id, epoch, now, slot.index)
                     self.brinks.append(slot.brink)
             if slot.brink is not None and self._release_brink(slot.brink, now):
                 process.send_signal(signal.SIGCONT)
@@ -860,9 +864,15 @@ class Chaos:
                 brink_count += 1
                 next_brink = now + (3 if brink_count < 2 else config.brink_every)
             if now >= next_fault:
-                name = postponed.pop(0) if postponed else next(plan)
-                if not retrying("inject", lambda name=name: self.inject(name), self.errors):
-                    postponed.append(name)  # no executor to spare now: the next fault time tries it again
+                # one fault per fault time: the first that can be injected now; a fault that needs an
+                # executor to spare waits for the next fault time (a few at most, oldest first)
+                candidates, postponed, injected = [*postponed, next(plan)], [], False
+                for name in candidates:
+                    if injected or not retrying("inject", lambda name=name: self.inject(name), self.errors):
+                        postponed.append(name)
+                    else:
+                        injected = True
+                postponed = postponed[-8:]
                 next_fault = now + self.rng.expovariate(1 / config.mean_fault_gap)
             self._run_events()
             retrying("watch", self.watch, self.errors)
