@@ -602,19 +602,17 @@ class Chaos:
 
     FAULT_WEIGHTS: ClassVar[dict[str, int]] = {
         "SIGKILL": 30,
-        "SIGSTOP short": 8,
-        "SIGSTOP past the lease": 5,
         "relay": 22,
         "pg_terminate_backend": 18,
+        "SIGSTOP short": 8,
         "PostgreSQL restart": 4,
+        "SIGSTOP past the lease": 5,
     }
 
     def fault_plan(self) -> Iterator[str]:
-        """Every kind once (in a seeded order), then at random by weight."""
+        """Every kind once (the long pause last, so a short run still sees kills), then at random by weight."""
         names = [n for n in self.FAULT_WEIGHTS if self.own is not None or n != "PostgreSQL restart"]
-        first = names[:]
-        self.rng.shuffle(first)
-        yield from first
+        yield from names
         weights = [self.FAULT_WEIGHTS[n] for n in names]
         while True:
             yield self.rng.choices(names, weights)[0]
@@ -623,10 +621,12 @@ class Chaos:
         """Inject one fault; False when it cannot be now (no executor to spare)."""
         rng = self.rng
         if name in ("SIGKILL", "SIGSTOP short", "SIGSTOP past the lease"):
-            # at most two executors down or paused by faults, and always one running
+            # at most two executors down or paused by faults; one always runs, two while a pause
+            # outlives the lease
             candidates = self.healthy()
             faulted = sum(1 for s in self.slots if s.down_since is not None or s.paused_until is not None)
-            if len(candidates) < 2 or faulted >= 2:
+            spare = 3 if name == "SIGSTOP past the lease" else 2
+            if len(candidates) < spare or faulted >= 2:
                 return False
             slot = rng.choice(candidates)
             if name == "SIGKILL":
@@ -862,7 +862,8 @@ class Chaos:
             if now >= next_brink:
                 next(brinks)()
                 brink_count += 1
-                next_brink = now + (3 if brink_count < 2 else config.brink_every)
+                # the first two early, apart, so a short run sees both
+                next_brink = now + (min(30, config.seconds * 0.4) if brink_count == 1 else config.brink_every)
             if now >= next_fault:
                 # one fault per fault time: the first that can be injected now; a fault that needs an
                 # executor to spare waits for the next fault time (a few at most, oldest first)
