@@ -77,7 +77,7 @@ class ChaosConfig:
     seed: int
     minutes: float  # how long faults are injected (the workload runs meanwhile)
     executors: int = 4
-    rate: float = 12.0  # actions enqueued per second
+    rate: float = 15.0  # actions enqueued per second
     lease_seconds: float = 65.0
     mean_fault_gap: float = 3.0  # seconds between faults, on average (exponential)
     brink_every: float = 240.0  # one on-purpose frozen-at-the-brink holder this often (the first two at once)
@@ -621,18 +621,16 @@ class Chaos:
         """Inject one fault; False when it cannot be now (no executor to spare)."""
         rng = self.rng
         if name in ("SIGKILL", "SIGSTOP short", "SIGSTOP past the lease"):
-            # at most two executors down or paused by faults; one always runs, two while a pause
-            # outlives the lease
+            # at most two executors down or paused by faults, and one left running
             candidates = self.healthy()
             faulted = sum(1 for s in self.slots if s.down_since is not None or s.paused_until is not None)
-            spare = 3 if name == "SIGSTOP past the lease" else 2
-            if len(candidates) < spare or faulted >= 2:
+            if len(candidates) < 2 or faulted >= 2:
                 return False
             slot = rng.choice(candidates)
             if name == "SIGKILL":
                 self._kill(slot)
             else:
-                seconds = rng.uniform(0.5, 8) if name == "SIGSTOP short" else rng.uniform(66, 80)
+                seconds = rng.uniform(0.5, 5) if name == "SIGSTOP short" else rng.uniform(66, 80)
                 assert slot.process is not None
                 slot.process.send_signal(signal.SIGSTOP)
                 slot.paused_until = self.now() + seconds
@@ -1402,7 +1400,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seed", type=int, required=True)
     parser.add_argument("--minutes", type=float, required=True, help="how long faults are injected")
-    parser.add_argument("--rate", type=float, default=12.0, help="actions enqueued per second")
+    parser.add_argument("--rate", type=float, default=15.0, help="actions enqueued per second")
     parser.add_argument("--fault-gap", type=float, default=3.0, help="mean seconds between faults")
     parser.add_argument("--work-dir", type=Path, default=None, help="journals and executor logs (kept)")
     parser.add_argument("--json", type=Path, default=None, help="also write the report as JSON")

@@ -123,7 +123,7 @@ class Journaled:
 class ReadbackAdapter:
     """An at-least-once kind that reads back: it looks for an earlier write before it writes again."""
 
-    def __init__(self, provider: AsyncEngine, journal: Journal, *, work_seconds: float = 0.05) -> None:
+    def __init__(self, provider: AsyncEngine, journal: Journal, *, work_seconds: float = 0.3) -> None:
         self._provider = provider
         self._journal = journal
         self._work = work_seconds
@@ -204,6 +204,7 @@ def adapters(engine: AsyncEngine) -> list[ActionAdapter]:
         engine.url,
         pool_size=4,
         max_overflow=40,
+        pool_pre_ping=True,  # a provider that reconnects: a holder frozen past its lease still writes late
         connect_args={"application_name": "chaos-provider"},
     )
     return [
