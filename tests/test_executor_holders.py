@@ -358,3 +358,32 @@ def test_a_frozen_executor_does_not_block_enqueues_into_its_lanes(engine: Engine
     assert not thread.is_alive() and outcome
     assert row(engine, action_id)["state"] == "DONE"  # recorded on a new connection after the wake-up
     assert row(engine, behind.id)["state"] == "DONE"
+
+
+async def test_an_executor_outlives_pool_timeouts(engine: Engine, database_url: str) -> None:
+    """Found by the chaos run: after a process is frozen longer than its pool's timeout, the connections it
+    was waiting for time out at once. That raised out of the claim loop (the process exited) and killed the
+    committer's task (every later fence and result waited forever). Both now try again, as after a restart."""
+    aengine = async_engine(database_url, pool_size=1, max_overflow=0, pool_timeout=0.3)
+    hog_id = enqueue(engine, lane="hog")
+    other_id = enqueue(engine, lane="other")
+    hogging = asyncio.Event()
+
+    async def behaviour(attempt: ActionAttempt) -> Result:
+        if attempt.action.id == hog_id:
+            async with aengine.connect():  # the only pooled connection, held past the pool's timeout
+                hogging.set()
+                await asyncio.sleep(1.0)
+        else:
+            await hogging.wait()  # this fence waits for a connection the pool cannot give in time
+        (await attempt.fence().begin_write()).check()
+        return Done("ok")
+
+    config = ExecutorConfig(sweep_seconds=0.05, poll_seconds=0.05)
+    executor = Executor(aengine, [ScriptedAdapter(kinds.NOOP, behaviour)], config, listen=False)
+    try:
+        await asyncio.wait_for(executor.run(until_idle=True), 30)
+    finally:
+        await aengine.dispose()
+    assert row(engine, hog_id)["state"] == "DONE"
+    assert row(engine, other_id)["state"] == "DONE"

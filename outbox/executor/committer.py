@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 import psycopg
 from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from outbox import store
@@ -125,14 +126,16 @@ class Committer:
             batch, self._queue = self._queue[:_MAX_BATCH], self._queue[_MAX_BATCH:]
             try:
                 held = await self._commit(batch)
-            except DBAPIError as error:
-                if not connection_lost(error):
+            except Exception as error:
+                if not database_unavailable(error):
+                    # refused, or a fault of ours: these attempts fail, and the committer goes on with the
+                    # next batch (were it to stop, every later fence and result would wait forever)
                     log.exception("group commit refused; its attempts stay EXECUTING until their leases expire")
                     for pending in batch:
                         if not pending.future.done():
                             pending.future.set_exception(error)
                     continue
-                log.warning("group commit lost its connection, trying again: %s", error.orig)
+                log.warning("group commit could not reach the database, trying again: %s", error)
                 held = batch
                 await asyncio.sleep(0.2)
             if held:
@@ -263,3 +266,11 @@ def _bucket(seconds: float) -> float:
 
 def connection_lost(error: DBAPIError) -> bool:
     return error.connection_invalidated or isinstance(error.orig, psycopg.OperationalError)
+
+
+def database_unavailable(error: BaseException) -> bool:
+    """A lost connection, or no pooled connection free in time (a slow database, or this process frozen
+    longer than the pool's timeout): try again later, as after a restart."""
+    if isinstance(error, DBAPIError):
+        return connection_lost(error)
+    return isinstance(error, PoolTimeout)

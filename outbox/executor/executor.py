@@ -26,13 +26,14 @@ from typing import Any
 import psycopg
 from sqlalchemy import Row
 from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from outbox import store, store_metrics
 from outbox.executor.adapter import ActionAdapter
 from outbox.executor.attempt import WRITE_WINDOW_SECONDS, ActionAttempt, ClaimedAction, FenceRefused
 from outbox.executor.backoff import retry_delay
-from outbox.executor.committer import AttemptReport, Committer, FinishWrite, connection_lost
+from outbox.executor.committer import AttemptReport, Committer, FinishWrite, database_unavailable
 from outbox.executor.outcomes import Outcomes
 from outbox.executor.results import (
     Abandoned,
@@ -228,10 +229,10 @@ class Executor:
                 await conn.execute(store.BOUND_IDLE_IN_TRANSACTION, {"ms": idle_ms})
                 result = await conn.execute(statement, params)
                 return list(result) if result.returns_rows else []
-        except DBAPIError as error:
-            if not connection_lost(error):
+        except (DBAPIError, PoolTimeout) as error:
+            if not database_unavailable(error):
                 raise
-            log.warning("database unavailable, trying again: %s", error.orig)
+            log.warning("database unavailable, trying again: %s", getattr(error, "orig", None) or error)
             return []
 
     @staticmethod
