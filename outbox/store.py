@@ -143,6 +143,12 @@ UPDATE agent_action AS a SET state = 'CANCELLED', stop_reason = 'EXPIRED'
 RETURNING a.id, a.kind
 """)
 
+# First in every executor transaction: how long it may sit idle while it holds row locks. A frozen
+# process (SIGSTOP, a stalled VM, a debugger) or a vanished host would otherwise keep its lane and action
+# rows locked, and an application's enqueue into that lane would wait for as long; past this the server
+# ends the session, its locks go, and the executor sees a lost connection and tries again.
+BOUND_IDLE_IN_TRANSACTION = text("SELECT set_config('idle_in_transaction_session_timeout', CAST(:ms AS text), true)")
+
 # The rows of a group commit that this transaction can hold now; the rest are tried in the next one.
 LOCK_ACTIONS = text("SELECT id, epoch, state FROM agent_action WHERE id = ANY (:ids) FOR UPDATE SKIP LOCKED")
 LOCK_LANES = text("SELECT lane_key FROM agent_lane WHERE lane_key = ANY (:lanes) FOR UPDATE SKIP LOCKED")

@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 from collections.abc import AsyncIterator
 from typing import Any
 
-from sqlalchemy import Engine, text
+from sqlalchemy import Engine, event, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 import outbox
-from outbox.executor import ActionAttempt, Done, Executor, ExecutorConfig, Result
+from outbox.db import async_engine
+from outbox.executor import ActionAttempt, Done, Executor, ExecutorConfig, Result, Retry
+from outbox.testing import drain
 from tests import kinds
 from tests.adapters import ScriptedAdapter
 from tests.test_executor_results import enqueue, row
@@ -246,3 +249,125 @@ async def until_listening(engine: Engine) -> None:
 def refuse(engine: Engine, action_id: int) -> None:
     with engine.begin() as conn:
         outbox.refuse(conn, action_id)
+
+
+async def test_a_retry_before_its_own_fence_keeps_an_earlier_write_known(engine: Engine, aengine: AsyncEngine) -> None:
+    """Found by the chaos run's design: a reclaimed read-back action whose adapter fails before its own fence
+    (here its read-back lookup raises) is retried, and that retry used to clear write_started_at, which an
+    earlier attempt had set. The next attempt then believed nothing was written and wrote a second time."""
+    action_id = enqueue(engine)
+    provider = Provider()
+    with engine.begin() as conn:  # attempt 1 fenced and wrote, then its holder died
+        conn.execute(
+            text(
+                "UPDATE agent_action SET state = 'EXECUTING', epoch = 1, attempt = 1,"
+                " lease_expires_at = now() - interval '1 s', write_started_at = now() WHERE id = :id"
+            ),
+            {"id": action_id},
+        )
+    provider.writes.append(action_id)
+    seen: list[tuple[int, bool]] = []
+
+    async def behaviour(attempt: ActionAttempt) -> Result:
+        seen.append((attempt.action.attempt, attempt.write_started()))
+        if attempt.action.attempt == 2:
+            raise ConnectionError("the provider's read-back lookup failed")  # before the fence: a Retry
+        if attempt.write_started() and provider.holds(attempt.action.id):
+            return Done("found by read-back")
+        (await attempt.fence().begin_write()).check()
+        provider.writes.append(attempt.action.id)
+        return Done("written again")
+
+    await drain(aengine, [ScriptedAdapter(kinds.NOOP, behaviour)])
+    assert seen == [(2, True), (3, True)]  # the retry still knows the first attempt may have written
+    assert provider.writes == [action_id]  # so it read back instead of writing twice
+    final = row(engine, action_id)
+    assert (final["state"], final["readback_ref"]) == ("DONE", "found by read-back")
+
+
+async def test_a_retry_after_its_own_fence_clears_it(engine: Engine, aengine: AsyncEngine) -> None:
+    """The seed's rule for a proven retry stands: the provider holds nothing, so the fence is cleared."""
+    action_id = enqueue(engine)
+    seen: list[bool] = []
+
+    async def behaviour(attempt: ActionAttempt) -> Result:
+        seen.append(attempt.write_started())
+        if attempt.action.attempt == 1:
+            (await attempt.fence().begin_write()).check()
+            return Retry("451: the provider accepted nothing")
+        return Done("ok")
+
+    await drain(aengine, [ScriptedAdapter(kinds.NOOP, behaviour)])
+    assert seen == [False, False]
+    assert row(engine, action_id)["state"] == "DONE"
+
+
+def test_a_frozen_executor_does_not_block_enqueues_into_its_lanes(engine: Engine, database_url: str) -> None:
+    """Found by the chaos run: an executor frozen (SIGSTOP) inside its group commit kept its lane's row
+    locked, and an application's enqueue into that lane waited for as long as the process stayed frozen.
+    The executor bounds how long its transactions may sit idle: the server ends the frozen session, the
+    enqueue goes through, and the executor, once it wakes, finds its connection lost and tries again."""
+    action_id = enqueue(engine, lane="frozen")
+    frozen, release = threading.Event(), threading.Event()
+    outcome: list[Any] = []
+
+    def freeze_before_the_result(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if "SET state = f.state" in statement and not release.is_set():
+            frozen.set()
+            release.wait(60)  # blocks this executor's event loop: its whole process is frozen
+
+    async def run_executor() -> None:
+        aengine = async_engine(database_url)
+        event.listen(aengine.sync_engine, "before_cursor_execute", freeze_before_the_result)
+        config = ExecutorConfig(idle_in_transaction_seconds=1)
+        executor = Executor(aengine, [ScriptedAdapter(kinds.NOOP)], config, listen=False)
+        outcome.append(await executor.run(until_idle=True))
+        await aengine.dispose()
+
+    thread = threading.Thread(target=asyncio.run, args=(run_executor(),))
+    thread.start()
+    try:
+        assert frozen.wait(30), "the executor never reached its result write"
+        with engine.begin() as conn:  # the application's transaction: it must not wait for the frozen process
+            conn.execute(text("SET LOCAL lock_timeout = '10s'"))
+            behind = outbox.enqueue(
+                conn,
+                outbox.ActionRequest(
+                    kind=kinds.NOOP, workspace_id=1, lane_key="frozen", idempotency_key="behind", payload={}
+                ),
+            )
+    finally:
+        release.set()
+        thread.join(60)
+    assert not thread.is_alive() and outcome
+    assert row(engine, action_id)["state"] == "DONE"  # recorded on a new connection after the wake-up
+    assert row(engine, behind.id)["state"] == "DONE"
+
+
+async def test_an_executor_outlives_pool_timeouts(engine: Engine, database_url: str) -> None:
+    """Found by the chaos run: after a process is frozen longer than its pool's timeout, the connections it
+    was waiting for time out at once. That raised out of the claim loop (the process exited) and killed the
+    committer's task (every later fence and result waited forever). Both now try again, as after a restart."""
+    aengine = async_engine(database_url, pool_size=1, max_overflow=0, pool_timeout=0.3)
+    hog_id = enqueue(engine, lane="hog")
+    other_id = enqueue(engine, lane="other")
+    hogging = asyncio.Event()
+
+    async def behaviour(attempt: ActionAttempt) -> Result:
+        if attempt.action.id == hog_id:
+            async with aengine.connect():  # the only pooled connection, held past the pool's timeout
+                hogging.set()
+                await asyncio.sleep(1.0)
+        else:
+            await hogging.wait()  # this fence waits for a connection the pool cannot give in time
+        (await attempt.fence().begin_write()).check()
+        return Done("ok")
+
+    config = ExecutorConfig(sweep_seconds=0.05, poll_seconds=0.05)
+    executor = Executor(aengine, [ScriptedAdapter(kinds.NOOP, behaviour)], config, listen=False)
+    try:
+        await asyncio.wait_for(executor.run(until_idle=True), 30)
+    finally:
+        await aengine.dispose()
+    assert row(engine, hog_id)["state"] == "DONE"
+    assert row(engine, other_id)["state"] == "DONE"

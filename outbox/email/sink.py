@@ -6,6 +6,11 @@ Tests inject one fault per stage (a reply to MAIL, RCPT or DATA, a login refusal
 DATA); the demo sets `flaky` to fail a share of deliveries the way real relays do. A message is kept
 as soon as its content arrived, also when the connection is then dropped or stalled, because a real
 relay may deliver such a message: that is what makes the at-most-once rule matter.
+
+Each message kept carries the sink's wall-clock times of its MAIL FROM and of its content's arrival, so a
+test can tell whether two writes to one lane were in flight at once. `on_rcpt`, when set, is called (in
+the sink's thread) with the session and the address before each RCPT TO is answered: the chaos runner
+uses it to freeze the sending process at a chosen moment.
 """
 
 from __future__ import annotations
@@ -14,7 +19,9 @@ import asyncio
 import random
 import ssl
 import threading
+import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from email import message_from_bytes
 from typing import Any, Literal
@@ -41,6 +48,11 @@ class Received:
     message_id: str
     subject: str
     data: bytes
+    # the sink's wall clock (time.time()) when MAIL FROM arrived and when the content arrived
+    mail_at: float = 0.0
+    received_at: float = 0.0
+    # the client's address and port
+    peer: tuple[str, int] | None = None
 
 
 class _Handler:
@@ -53,11 +65,14 @@ class _Handler:
         if self.sink.faults.mail:
             return self.sink.faults.mail
         envelope.mail_from = address
+        envelope.mail_at = time.time()  # type: ignore[attr-defined]
         return "250 OK"
 
     async def handle_RCPT(
         self, server: SmtpServer, session: Session, envelope: Envelope, address: str, options: list[str]
     ) -> str:
+        if self.sink.on_rcpt is not None:
+            self.sink.on_rcpt(session, address)
         reply = self.sink.faults.rcpt.get(address)
         if reply:
             return reply
@@ -70,7 +85,7 @@ class _Handler:
         faults = self.sink.faults
         if faults.data:
             return faults.data
-        self.sink.keep(envelope)
+        self.sink.keep(envelope, session)
         drop = faults.after_data == "drop" or (faults.flaky and self.sink.rng.random() < faults.flaky / 2)
         if drop:
             transport = server.transport
@@ -97,6 +112,7 @@ class SmtpSink:
         self.faults = faults or Faults()
         self.rng = random.Random(seed)
         self.received: list[Received] = []
+        self.on_rcpt: Callable[[Session, str], None] | None = None
         self.data_arrived = threading.Event()
         self._lock = threading.Lock()
         self._credentials = credentials
@@ -118,7 +134,8 @@ class SmtpSink:
     def stop(self) -> None:
         self._controller.stop()
 
-    def keep(self, envelope: Envelope) -> None:
+    def keep(self, envelope: Envelope, session: Session | None = None) -> None:
+        received_at = time.time()
         content = envelope.content if isinstance(envelope.content, bytes) else str(envelope.content).encode()
         parsed = message_from_bytes(content)
         received = Received(
@@ -127,6 +144,9 @@ class SmtpSink:
             message_id=str(parsed.get("Message-ID", "")),
             subject=str(parsed.get("Subject", "")),
             data=content,
+            mail_at=float(getattr(envelope, "mail_at", received_at)),
+            received_at=received_at,
+            peer=_peer(session),
         )
         with self._lock:
             self.received.append(received)
@@ -144,6 +164,13 @@ class SmtpSink:
             auth_data.password.decode(),
         )
         return AuthResult(success=ok, handled=False)
+
+
+def _peer(session: Session | None) -> tuple[str, int] | None:
+    peer = getattr(session, "peer", None)
+    if isinstance(peer, tuple) and len(peer) >= 2:
+        return str(peer[0]), int(peer[1])
+    return None
 
 
 def _free_port() -> int:

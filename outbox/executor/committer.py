@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 import psycopg
 from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from outbox import store
@@ -73,8 +74,9 @@ class _Pending:
 
 
 class Committer:
-    def __init__(self, engine: AsyncEngine) -> None:
+    def __init__(self, engine: AsyncEngine, *, idle_in_transaction_seconds: float = 5.0) -> None:
         self._engine = engine
+        self._idle_ms = max(1, round(idle_in_transaction_seconds * 1000))
         self._queue: list[_Pending] = []
         self._arrived = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -133,14 +135,16 @@ class Committer:
             batch, self._queue = self._queue[:_MAX_BATCH], self._queue[_MAX_BATCH:]
             try:
                 held = await self._commit(batch)
-            except DBAPIError as error:
-                if not connection_lost(error):
+            except Exception as error:
+                if not database_unavailable(error):
+                    # refused, or a fault of ours: these attempts fail, and the committer goes on with the
+                    # next batch (were it to stop, every later fence and result would wait forever)
                     log.exception("group commit refused; its attempts stay EXECUTING until their leases expire")
                     for pending in batch:
                         if not pending.future.done():
                             pending.future.set_exception(error)
                     continue
-                log.warning("group commit lost its connection, trying again: %s", error.orig)
+                log.warning("group commit could not reach the database, trying again: %s", error)
                 held = batch
                 await asyncio.sleep(0.2)
             if held:
@@ -156,6 +160,7 @@ class Committer:
         resolutions: list[tuple[_Pending, str | bool | None]] = []
         held_elsewhere: list[_Pending] = []
         async with self._engine.begin() as conn:
+            await conn.execute(store.BOUND_IDLE_IN_TRANSACTION, {"ms": self._idle_ms})
             ids = sorted({p.action.id for p in batch})
             locked = {row.id: (row.epoch, row.state) for row in await conn.execute(store.LOCK_ACTIONS, {"ids": ids})}
             unlocked = [i for i in ids if i not in locked]
@@ -270,3 +275,11 @@ def _bucket(seconds: float) -> float:
 
 def connection_lost(error: DBAPIError) -> bool:
     return error.connection_invalidated or isinstance(error.orig, psycopg.OperationalError)
+
+
+def database_unavailable(error: BaseException) -> bool:
+    """A lost connection, or no pooled connection free in time (a slow database, or this process frozen
+    longer than the pool's timeout): try again later, as after a restart."""
+    if isinstance(error, DBAPIError):
+        return connection_lost(error)
+    return isinstance(error, PoolTimeout)

@@ -26,13 +26,14 @@ from typing import Any
 import psycopg
 from sqlalchemy import Row
 from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from outbox import store, store_metrics
 from outbox.executor.adapter import ActionAdapter
 from outbox.executor.attempt import WRITE_WINDOW_SECONDS, ActionAttempt, ClaimedAction, FenceRefused
 from outbox.executor.backoff import retry_delay
-from outbox.executor.committer import AttemptReport, Committer, FinishWrite, connection_lost
+from outbox.executor.committer import AttemptReport, Committer, FinishWrite, database_unavailable
 from outbox.executor.outcomes import Outcomes
 from outbox.executor.results import (
     Abandoned,
@@ -67,6 +68,9 @@ class ExecutorConfig:
     sweep_seconds: float = 1.0
     # on stop: how long an attempt that has not reached its fence may run before it is cancelled
     handback_grace_seconds: float = 5.0
+    # how long one of the executor's transactions may sit idle holding row locks (its process frozen)
+    # before the server ends it; every executor transaction takes milliseconds
+    idle_in_transaction_seconds: float = 5.0
 
     def __post_init__(self) -> None:
         if self.concurrency < 1 or self.claim_batch < 1:
@@ -75,8 +79,8 @@ class ExecutorConfig:
             raise ValueError(
                 f"lease_seconds must exceed the {WRITE_WINDOW_SECONDS:.0f} s write window, not {self.lease_seconds}"
             )
-        if self.poll_seconds <= 0 or self.sweep_seconds <= 0:
-            raise ValueError("poll_seconds and sweep_seconds must be positive")
+        if self.poll_seconds <= 0 or self.sweep_seconds <= 0 or self.idle_in_transaction_seconds <= 0:
+            raise ValueError("poll_seconds, sweep_seconds and idle_in_transaction_seconds must be positive")
 
 
 class Executor:
@@ -124,7 +128,7 @@ class Executor:
         """Claim and carry out actions until stopped, or until idle, a claim budget or a time is reached."""
         loop = asyncio.get_running_loop()
         self._wake = asyncio.Event()
-        self._committer = Committer(self._engine)
+        self._committer = Committer(self._engine, idle_in_transaction_seconds=self.config.idle_in_transaction_seconds)
         self._committer.start()
         if self._stopping:
             self._committer.refuse_fences = _STOPPING
@@ -221,12 +225,14 @@ class Executor:
     async def _execute(self, statement: Any, params: dict[str, Any]) -> list[Row[Any]]:
         try:
             async with self._engine.begin() as conn:
+                idle_ms = max(1, round(self.config.idle_in_transaction_seconds * 1000))
+                await conn.execute(store.BOUND_IDLE_IN_TRANSACTION, {"ms": idle_ms})
                 result = await conn.execute(statement, params)
                 return list(result) if result.returns_rows else []
-        except DBAPIError as error:
-            if not connection_lost(error):
+        except (DBAPIError, PoolTimeout) as error:
+            if not database_unavailable(error):
                 raise
-            log.warning("database unavailable, trying again: %s", error.orig)
+            log.warning("database unavailable, trying again: %s", getattr(error, "orig", None) or error)
             return []
 
     @staticmethod
@@ -300,7 +306,7 @@ class Executor:
 
     async def _record(self, attempt: ActionAttempt, result: Result, started: float) -> None:
         action = attempt.action
-        write = finish_write(action, result)
+        write = finish_write(action, result, fenced=attempt.fenced)
         assert self._committer is not None
         seconds = asyncio.get_running_loop().time() - started
         report = AttemptReport(result_name(result), seconds, action.pickup_seconds)
@@ -321,8 +327,13 @@ def _uncertain_after_error(reason: str) -> Uncertain:
     return Uncertain(reason, StopReason.ERROR_AFTER_WRITE)
 
 
-def finish_write(action: ClaimedAction, result: Result) -> FinishWrite | None:
-    """The row values a result writes, exactly as the seed's table says."""
+def finish_write(action: ClaimedAction, result: Result, *, fenced: bool = True) -> FinishWrite | None:
+    """The row values a result writes, exactly as the seed's table says.
+
+    A retry clears only its own attempt's fence. An attempt that never fenced (an exception before the
+    fence counts as a retry) proves nothing about an earlier attempt's write: it keeps what its claim
+    found, so the next attempt of a read-back kind still looks before it writes.
+    """
     match result:
         case Done(readback_ref=ref):
             return FinishWrite(ActionState.DONE, StopReason.CONFIRMED, readback_ref=ref)
@@ -330,7 +341,7 @@ def finish_write(action: ClaimedAction, result: Result) -> FinishWrite | None:
             if action.attempt >= action.max_attempts:
                 return FinishWrite(ActionState.FAILED, StopReason.ATTEMPTS_EXHAUSTED)
             delay = after if after is not None else retry_delay(action.attempt)
-            return FinishWrite(ActionState.ADMITTED, delay_seconds=delay, fence="clear")
+            return FinishWrite(ActionState.ADMITTED, delay_seconds=delay, fence="clear" if fenced else "restore")
         case Defer(after=after):
             return FinishWrite(ActionState.ADMITTED, delay_seconds=after, uncount=1, fence="restore")
         case Uncertain(stop_reason=reason):

@@ -1,0 +1,213 @@
+"""The adapters of a chaos executor process: `outbox run --adapters bench.chaos_adapters:adapters`.
+
+    EMAIL          ─▶ the real EmailAdapter (examples.accounts notices, SMTP to the runner's SmtpSink)
+    TEST_READBACK  ─▶ ReadbackAdapter: its "provider" is the table chaos_provider_write, one row per write
+
+Both are wrapped by a journal: one JSON line per attempt start and end (action, epoch, attempt, whether the
+claim found an earlier write, the result, whether the attempt returned past its write window), appended to
+the file OUTBOX_CHAOS_JOURNAL, so the runner knows what a killed process held. OUTBOX_TEST_CLOCK_SKEW_SECONDS
+moves this process's wall clock (time.time), as in tests/adapters.py: no lease or due time may read it.
+
+The read-back adapter follows the README: when `attempt.write_started()`, it looks for an earlier write
+(by action id) before it fences, and reports Done with that write instead of writing again. Every provider
+write records the database clock when it started and ended, the writer's pid and epoch, and how much of the
+writer's window was left just before and just after the write (negative: the write came late).
+
+An action whose payload says `"brink": true` freezes its own process (SIGSTOP) on its first attempt right
+after `window.check()` passed and before the provider write: the one case no fence can stop. The runner
+sees the stopped process, keeps it stopped past its lease and window, then wakes it; the write then
+happens late, and is counted apart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import signal
+import time
+from typing import Any
+
+from sqlalchemy import text
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+from examples.accounts import notices
+from outbox.email import email_adapters
+from outbox.executor import ActionAdapter, ActionAttempt, Done, Result, Retry, Uncertain
+from outbox.executor.results import result_name
+from outbox.kinds import ActionKind
+from tests import kinds
+
+PROVIDER_TABLE = """
+CREATE TABLE IF NOT EXISTS chaos_provider_write (
+    id               bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    action_id        bigint NOT NULL,
+    epoch            bigint NOT NULL,
+    lane_key         text NOT NULL,
+    pid              integer NOT NULL,
+    brink            boolean NOT NULL,
+    remaining_before float8 NOT NULL,
+    remaining_after  float8,
+    -- did the writer still hold the action (its epoch EXECUTING, its lease not expired) at the write and
+    -- at its end: live, expired, superseded (a newer claim or the end) or erased. An observer's note,
+    -- not a fence: the write happens whatever it says.
+    holder_at_start  text NOT NULL,
+    holder_at_end    text,
+    started_at       timestamptz NOT NULL DEFAULT clock_timestamp(),
+    ended_at         timestamptz
+);
+CREATE INDEX IF NOT EXISTS ix_chaos_provider_write_action ON chaos_provider_write (action_id);
+"""
+
+HOLDER = """(SELECT CASE WHEN a.id IS NULL THEN 'erased'
+                    WHEN a.epoch <> :epoch OR a.state <> 'EXECUTING' THEN 'superseded'
+                    WHEN a.lease_expires_at <= clock_timestamp() THEN 'expired'
+                    ELSE 'live' END
+               FROM (SELECT 1) AS one LEFT JOIN agent_action AS a ON a.id = :id)"""
+FIND_WRITE = text("SELECT id FROM chaos_provider_write WHERE action_id = :id ORDER BY id LIMIT 1")
+WRITE = text(f"""
+INSERT INTO chaos_provider_write (action_id, epoch, lane_key, pid, brink, remaining_before, holder_at_start)
+VALUES (:id, :epoch, :lane, :pid, :brink, :remaining, {HOLDER}) RETURNING id
+""")
+WRITE_ENDED = text(f"""
+UPDATE chaos_provider_write SET ended_at = clock_timestamp(), remaining_after = :remaining, holder_at_end = {HOLDER}
+ WHERE id = :write
+""")
+
+
+class Journal:
+    """One JSON line per event, written at once (line-buffered): a SIGKILL loses nothing written."""
+
+    def __init__(self, path: str | None) -> None:
+        self._file = open(path, "a", buffering=1) if path else None  # noqa: SIM115 - lives as long as the process
+
+    def write(self, event: str, attempt: ActionAttempt, **fields: Any) -> None:
+        if self._file is None:
+            return
+        action = attempt.action
+        entry = {"e": event, "id": action.id, "epoch": action.epoch, "attempt": action.attempt, **fields}
+        self._file.write(json.dumps(entry) + "\n")
+
+
+class Journaled:
+    """Wraps an adapter: journals each attempt's start and end; the adapter's behaviour is unchanged."""
+
+    def __init__(self, inner: ActionAdapter, journal: Journal) -> None:
+        self._inner = inner
+        self._journal = journal
+
+    @property
+    def kind(self) -> ActionKind:
+        return self._inner.kind
+
+    async def execute(self, attempt: ActionAttempt) -> Result:
+        self._journal.write(
+            "start", attempt, kind=self.kind.name, lane=attempt.action.lane_key, prior=attempt.write_started()
+        )
+        outcome = "raised"
+        try:
+            result = await self._inner.execute(attempt)
+            outcome = result_name(result)
+            return result
+        except asyncio.CancelledError:
+            outcome = "cancelled"
+            raise
+        finally:
+            window = attempt.window
+            late = window is not None and window.remaining() <= 0
+            self._journal.write("end", attempt, result=outcome, fenced=window is not None, past_window=late)
+
+
+class ReadbackAdapter:
+    """An at-least-once kind that reads back: it looks for an earlier write before it writes again."""
+
+    def __init__(self, provider: AsyncEngine, journal: Journal, *, work_seconds: float = 0.3) -> None:
+        self._provider = provider
+        self._journal = journal
+        self._work = work_seconds
+        self._rng = random.Random()
+
+    @property
+    def kind(self) -> ActionKind:
+        return kinds.READBACK
+
+    async def _find(self, action_id: int) -> int | None:
+        async with self._provider.connect() as conn:
+            found = (await conn.execute(FIND_WRITE, {"id": action_id})).scalar_one_or_none()
+            await conn.commit()
+        return None if found is None else int(found)
+
+    async def execute(self, attempt: ActionAttempt) -> Result:
+        action = attempt.action
+        if attempt.write_started():
+            # an earlier attempt may have written: look before writing again (a failure here raises,
+            # before the fence: the executor retries, and nothing was written by this attempt)
+            earlier = await self._find(action.id)
+            if earlier is not None:
+                return Done(f"found write {earlier}")
+        window = await attempt.fence().begin_write()
+        window.check()  # immediately before the provider call
+        brink = bool(isinstance(action.payload, dict) and action.payload.get("brink")) and action.attempt == 1
+        if brink:
+            self._journal.write("brink", attempt, pid=os.getpid())
+            os.kill(os.getpid(), signal.SIGSTOP)  # descheduled between the check and the call
+        params = {
+            "id": action.id,
+            "epoch": action.epoch,
+            "lane": action.lane_key,
+            "pid": os.getpid(),
+            "brink": brink,
+            "remaining": window.remaining(),
+        }
+        try:
+            async with self._provider.connect() as conn:
+                write_id = int((await conn.execute(WRITE, params)).scalar_one())
+                await conn.commit()
+                await asyncio.sleep(self._rng.random() * self._work)  # the provider's work
+                ended = {"write": write_id, "remaining": window.remaining(), "id": action.id, "epoch": action.epoch}
+                await conn.execute(WRITE_ENDED, ended)
+                await conn.commit()
+        except DBAPIError as error:
+            return await self._after_failed_write(attempt, error)
+        return Done(f"write {write_id}")
+
+    async def _after_failed_write(self, attempt: ActionAttempt, error: DBAPIError) -> Result:
+        """The write may or may not exist: read back until the window closes."""
+        assert attempt.window is not None
+        while attempt.window.remaining() > 1:
+            try:
+                found = await self._find(attempt.action.id)
+            except DBAPIError:
+                await asyncio.sleep(0.5)
+                continue
+            if found is not None:
+                return Done(f"found write {found} after {type(error.orig).__name__}")
+            return Retry(f"the provider holds no write after {type(error.orig).__name__}")
+        return Uncertain(f"the provider could not be read after {type(error.orig).__name__}")
+
+
+def _skew_clock() -> None:
+    skew = float(os.environ.get("OUTBOX_TEST_CLOCK_SKEW_SECONDS", "0"))
+    if skew:
+        real_time = time.time
+        time.time = lambda: real_time() + skew
+
+
+def adapters(engine: AsyncEngine) -> list[ActionAdapter]:
+    """The chaos executor's adapters: EMAIL (the example notices) and TEST_READBACK, both journaled."""
+    assert notices.WORKSPACE_ALERT and notices.VERIFY_ADDRESS  # registered
+    _skew_clock()
+    journal = Journal(os.environ.get("OUTBOX_CHAOS_JOURNAL"))
+    provider = create_async_engine(
+        engine.url,
+        pool_size=4,
+        max_overflow=40,
+        pool_pre_ping=True,  # a provider that reconnects: a holder frozen past its lease still writes late
+        connect_args={"application_name": "chaos-provider"},
+    )
+    return [
+        Journaled(email_adapters(engine)[0], journal),
+        Journaled(ReadbackAdapter(provider, journal), journal),
+    ]
