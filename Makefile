@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test check venv
+.PHONY: demo test check venv system-packages
 
 $(BIN)/outbox: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,5 +22,12 @@ check: venv
 	$(BIN)/mypy --strict outbox flows
 	$(BIN)/lint-imports
 
-test: check
+# Debian packages the tests use: prometheus (promtool and a real scrape), chromium (the Prefect UI)
+system-packages:
+	@if ! command -v promtool >/dev/null || ! command -v prometheus >/dev/null || ! command -v chromium >/dev/null; then \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+			prometheus chromium >/dev/null; \
+	fi
+
+test: system-packages check
 	$(BIN)/pytest
