@@ -315,7 +315,8 @@ class Chaos:
         self.events: list[tuple[float, int, Callable[[], None]]] = []
         self._seq = itertools.count()
         self.frozen_by_relay: queue.Queue[tuple[int, str, float]] = queue.Queue()
-        self.relay_brink_addresses: set[str] = set()
+        self.relay_brink_addresses: set[str] = set()  # armed: the sink freezes the next sender to one of them
+        self.brink_accounts_used = 0  # each brink email has an account of its own, used once
         self.faults: Counter[str] = Counter()
         self.unexpected_exits: list[str] = []
         self.relay_fault_until = 0.0
@@ -707,12 +708,12 @@ class Chaos:
         self.faults["brink: read-back holder frozen after its window check (on purpose)"] += 1
 
     def brink_email(self) -> None:
-        account = 9000 + len(self.relay_brink_addresses) + 1
-        if account > 9000 + self.BRINK_ACCOUNTS:
+        if self.brink_accounts_used == self.BRINK_ACCOUNTS:
             return
+        self.brink_accounts_used += 1
+        account = 9000 + self.brink_accounts_used
         self.relay_brink_addresses.add(f"brink-{account - 9000}@example.com")
         self._enqueue_verify(account, {"max_attempts": 5}, brink=True)
-        self.faults["brink: email holder frozen by the relay at RCPT, after its fence (on purpose)"] += 1
 
     def _on_rcpt(self, session: Any, address: str) -> None:
         """In the sink's thread: freeze the process sending to a brink address, before RCPT is answered."""
@@ -741,6 +742,7 @@ class Chaos:
                     )
                     slot.brink = Brink("EMAIL", action.id if action else None, None, since, slot.index)
                     self.brinks.append(slot.brink)
+                    self.faults["brink: email holder frozen by the relay at RCPT, after its fence (on purpose)"] += 1
         for slot in self.slots:
             process = slot.process
             if process is None:
