@@ -1114,15 +1114,15 @@ def check(chaos: Chaos, report: Report) -> None:
         got = by_action.get(plan.id, [])
         late = [w for w in got if _late(w)]
         for w in late:
-            report.late_writes[
-                "read-back write by a holder that had lost its lease" + (" (brink, on purpose)" if w.brink else "")
-            ] += 1
+            report.late_writes[_late_label(w)] += 1
         for w in got:
             intervals[plan.lane].append((w.started_at, w.ended_at or w.started_at, plan.id, _late(w), "READBACK"))
         if len(got) > 1:
             report.count("duplicates", bool(late))
             breach("a read-back action wrote twice", plan.id, f"{len(got)} writes", bool(late))
-        on_time = len(got) - len(late)
+        # a write that started while its holder held the action happened on time, even when the rest of the
+        # provider call came late (the holder frozen mid-call): that end only counts for the lane's overlaps
+        on_time = sum(1 for w in got if not _started_late(w))
         if plan.id in erased:
             erasure, found = erased[plan.id]
             after = [w for w in got if w.started_at > erasure.at]
@@ -1189,10 +1189,23 @@ def check(chaos: Chaos, report: Report) -> None:
         breach("an executor did not stop cleanly on SIGTERM", None, str(report.stop_codes))
 
 
+LATE_HOLDER = ("expired", "superseded")
+
+
+def _started_late(w: Any) -> bool:
+    """The writer no longer held the action when its write reached the provider."""
+    return bool(w.holder_at_start in LATE_HOLDER)
+
+
 def _late(w: Any) -> bool:
-    """The writer no longer held the action when its write (or its end) reached the provider."""
-    late_states = ("expired", "superseded")
-    return bool(w.holder_at_start in late_states or w.holder_at_end in late_states)
+    """The writer no longer held the action when its write, or the end of its provider call, reached the provider."""
+    return _started_late(w) or w.holder_at_end in LATE_HOLDER
+
+
+def _late_label(w: Any) -> str:
+    if _started_late(w):
+        return "read-back write by a holder that had lost its lease" + (" (brink, on purpose)" if w.brink else "")
+    return "read-back call that ended after its holder lost its lease (frozen mid-call)"
 
 
 def check_metrics(engine: Engine, rows: dict[int, Any], erasures: list[Erasure], breach: Callable[..., None]) -> None:
