@@ -1356,7 +1356,8 @@ def render(report: Report) -> str:
         f"| executors that exited on their own | {len(report.unexpected_exits)} |",
         f"| executor exit codes on the final SIGTERM | {report.stop_codes} |",
         "",
-        f"Kills: {len(report.kills)}; {len(held)} held attempts when killed. Kill to every held action taken"
+        f"Kills: {len(report.kills)}; {len(held)} of them hit a process holding attempts"
+        f" ({sum(len(k.held) for k in held)} in all). Kill to every held action taken"
         f" back or ended: p50 {percentile(recoveries, 0.5):.1f} s, max {max(recoveries, default=0):.1f} s"
         f" (held only: p50 {percentile([k.recovery for k in held if k.recovery], 0.5):.1f} s; the lease is 65 s)."
         f" Restart to first heartbeat: p50 {percentile(beats, 0.5):.1f} s, max {max(beats, default=0):.1f} s.",
