@@ -62,24 +62,17 @@ class System:
                 raise RuntimeError(f"{self.name}: workers not ready after {timeout} s")
             time.sleep(0.05)
 
+    def driver_url(self, url: str) -> str:
+        """The URL this system's own processes take: the plain libpq URI its driver wants."""
+        return libpq_url(url)
+
+    def module_command(self, command: str, url: str, *args: str) -> list[str]:
+        """`python -m <this system's module> <command> --url ... <args>`: its worker or its producer."""
+        return [python(), "-m", type(self).__module__, command, "--url", self.driver_url(url), *args]
+
     def producer(self, url: str, out: Path, rate: float, seconds: float) -> WorkerSpec:
-        module = type(self).__module__
-        return WorkerSpec(
-            [
-                python(),
-                "-m",
-                module,
-                "produce",
-                "--url",
-                url,
-                "--out",
-                str(out),
-                "--rate",
-                str(rate),
-                "--seconds",
-                str(seconds),
-            ]
-        )
+        argv = self.module_command("produce", url, "--out", str(out), "--rate", str(rate), "--seconds", str(seconds))
+        return WorkerSpec(argv, base_env())
 
 
 def python() -> str:

@@ -60,14 +60,9 @@ class Dbos(System):
 
     def worker(self, url: str, record: Path, ready: Path, lanes: bool) -> WorkerSpec:
         self._workers += 1
-        argv = [python(), "-m", __name__, "worker", "--url", libpq_url(url), "--record", str(record)]
-        argv += ["--ready", str(ready)] + (["--lanes"] if lanes else [])
-        return WorkerSpec(argv, {**base_env(), "DBOS__VMID": f"bench-{self._workers}"})
-
-    def producer(self, url: str, out: Path, rate: float, seconds: float) -> WorkerSpec:
-        spec = super().producer(libpq_url(url), out, rate, seconds)
-        spec.env = base_env()
-        return spec
+        args = ("--record", str(record), "--ready", str(ready), *(["--lanes"] if lanes else []))
+        env = {**base_env(), "DBOS__VMID": f"bench-{self._workers}"}
+        return WorkerSpec(self.module_command("worker", url, *args), env)
 
 
 def _launch(url: str, recorder: Recorder | None) -> Any:

@@ -71,10 +71,8 @@ class Outbox(System):
         harness.wait_listening(engine, len(ready), timeout)
         engine.dispose()
 
-    def producer(self, url: str, out: Path, rate: float, seconds: float) -> WorkerSpec:
-        spec = super().producer(url, out, rate, seconds)
-        spec.env = base_env()
-        return spec
+    def driver_url(self, url: str) -> str:
+        return url  # its producer enqueues through SQLAlchemy, like an application
 
 
 class RecordingNoop:

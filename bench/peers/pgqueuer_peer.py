@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.peers import System, WorkerSpec, base_env, libpq_url, python
+from bench.peers import System, WorkerSpec, base_env, libpq_url
 from bench.peers.common import Recorder, mark_ready, produce, worker_arguments
 
 # jobs a worker fetches per dequeue; also the size of its batched completion log
@@ -39,26 +39,8 @@ class Pgqueuer(System):
         return "SELECT count(*) FROM pgqueuer WHERE status IN ('queued', 'picked')"
 
     def worker(self, url: str, record: Path, ready: Path, lanes: bool) -> WorkerSpec:
-        return WorkerSpec(
-            [
-                python(),
-                "-m",
-                __name__,
-                "worker",
-                "--url",
-                libpq_url(url),
-                "--record",
-                str(record),
-                "--ready",
-                str(ready),
-            ],
-            base_env(),
-        )
-
-    def producer(self, url: str, out: Path, rate: float, seconds: float) -> WorkerSpec:
-        spec = super().producer(libpq_url(url), out, rate, seconds)
-        spec.env = base_env()
-        return spec
+        args = ("--record", str(record), "--ready", str(ready))
+        return WorkerSpec(self.module_command("worker", url, *args), base_env())
 
 
 async def _install(dsn: str) -> None:

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.peers import System, WorkerSpec, base_env, libpq_url, python
+from bench.peers import System, WorkerSpec, base_env, libpq_url
 from bench.peers.common import Recorder, mark_ready, produce, worker_arguments
 
 # async jobs one worker runs at once
@@ -66,28 +66,8 @@ class Procrastinate(System):
         return "SELECT count(*) FROM procrastinate_jobs WHERE status IN ('todo', 'doing')"
 
     def worker(self, url: str, record: Path, ready: Path, lanes: bool) -> WorkerSpec:
-        return WorkerSpec(
-            [
-                python(),
-                "-m",
-                __name__,
-                "worker",
-                "--url",
-                libpq_url(url),
-                "--record",
-                str(record),
-                "--ready",
-                str(ready),
-                "--concurrency",
-                str(CONCURRENCY),
-            ],
-            base_env(),
-        )
-
-    def producer(self, url: str, out: Path, rate: float, seconds: float) -> WorkerSpec:
-        spec = super().producer(libpq_url(url), out, rate, seconds)
-        spec.env = base_env()
-        return spec
+        args = ("--record", str(record), "--ready", str(ready), "--concurrency", str(CONCURRENCY))
+        return WorkerSpec(self.module_command("worker", url, *args), base_env())
 
 
 async def _work(dsn: str, record: str, ready: str | None, concurrency: int) -> None:
