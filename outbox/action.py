@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from datetime import datetime
 from typing import Any
-
-from sqlalchemy import RowMapping
 
 from outbox.states import ActionState, StopReason
 
@@ -34,7 +33,7 @@ class Action:
     ended_at: datetime | None
 
     @classmethod
-    def from_row(cls, row: RowMapping) -> Action:
+    def from_row(cls, row: Mapping[Any, Any]) -> Action:
         values = {f.name: row[f.name] for f in fields(cls)}
         values["state"] = ActionState(values["state"])
         if values["stop_reason"] is not None:

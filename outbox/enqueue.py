@@ -6,8 +6,9 @@
                                       SELECT by idempotency key (a new snapshot sees the winner)
 
 The caller owns the transaction: outbox never commits or rolls back, so the action exists exactly when
-the caller's change commits. Sync (`Connection`, `Session`) and async (`AsyncConnection`,
-`AsyncSession`) functions mirror each other by name.
+the caller's change commits. Sync (SQLAlchemy `Connection`, `Session`, a psycopg `Connection`) and async
+(`AsyncConnection`, `AsyncSession`, a psycopg `AsyncConnection`) functions mirror each other by name;
+`outbox.caller` runs the statements on whichever the caller holds.
 """
 
 from __future__ import annotations
@@ -15,17 +16,13 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, TextClause
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
-from sqlalchemy.orm import Session
+from sqlalchemy import TextClause
 
 from outbox import store
 from outbox.action import Action
+from outbox.caller import AsyncConn, SyncConnection, fetch, fetch_async
 from outbox.errors import ActionNotFound, InvalidRequest, TransitionRefused
 from outbox.requests import ActionRequest, ValidRequest, validate
-
-SyncConnection = Connection | Session
-AsyncConn = AsyncConnection | AsyncSession
 
 
 def _insert_params(valid: ValidRequest) -> dict[str, Any]:
@@ -54,33 +51,32 @@ def enqueue(conn: SyncConnection, request: ActionRequest) -> Action:
     """Insert the action in the caller's transaction; return it, or the first one with the same key."""
     valid = validate(request)
     if valid.expires_at is not None:
-        _check_not_expired(valid, conn.execute(store.DATABASE_NOW).scalar_one())
-    row = conn.execute(store.INSERT_ACTION, _insert_params(valid)).mappings().first()
-    if row is None:
-        row = conn.execute(store.SELECT_ACTION_BY_KEY, {"key": valid.idempotency_key}).mappings().one()
-    return Action.from_row(row)
+        _check_not_expired(valid, fetch(conn, store.DATABASE_NOW, {})[0]["now"])
+    rows = fetch(conn, store.INSERT_ACTION, _insert_params(valid))
+    if not rows:
+        rows = fetch(conn, store.SELECT_ACTION_BY_KEY, {"key": valid.idempotency_key})
+    return Action.from_row(rows[0])
 
 
 async def enqueue_async(conn: AsyncConn, request: ActionRequest) -> Action:
-    """`enqueue` for an `AsyncConnection` or `AsyncSession`."""
+    """`enqueue` for an `AsyncConnection`, an `AsyncSession` or a psycopg `AsyncConnection`."""
     valid = validate(request)
     if valid.expires_at is not None:
-        _check_not_expired(valid, (await conn.execute(store.DATABASE_NOW)).scalar_one())
-    row = (await conn.execute(store.INSERT_ACTION, _insert_params(valid))).mappings().first()
-    if row is None:
-        result = await conn.execute(store.SELECT_ACTION_BY_KEY, {"key": valid.idempotency_key})
-        row = result.mappings().one()
-    return Action.from_row(row)
+        _check_not_expired(valid, (await fetch_async(conn, store.DATABASE_NOW, {}))[0]["now"])
+    rows = await fetch_async(conn, store.INSERT_ACTION, _insert_params(valid))
+    if not rows:
+        rows = await fetch_async(conn, store.SELECT_ACTION_BY_KEY, {"key": valid.idempotency_key})
+    return Action.from_row(rows[0])
 
 
 def _decide(conn: SyncConnection, statement: TextClause, action_id: int, wanted: str) -> Action:
-    row = conn.execute(statement, {"id": action_id}).mappings().first()
-    if row is not None:
-        return Action.from_row(row)
-    current = conn.execute(store.SELECT_ACTION, {"id": action_id}).mappings().first()
-    if current is None:
+    rows = fetch(conn, statement, {"id": action_id})
+    if rows:
+        return Action.from_row(rows[0])
+    current = fetch(conn, store.SELECT_ACTION, {"id": action_id})
+    if not current:
         raise ActionNotFound(action_id)
-    raise TransitionRefused(action_id, current["state"], wanted)
+    raise TransitionRefused(action_id, current[0]["state"], wanted)
 
 
 def admit(conn: SyncConnection, action_id: int) -> Action:

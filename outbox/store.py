@@ -19,7 +19,7 @@ ACTION_COLUMNS = (
 
 # ---- enqueue and proposals ----------------------------------------------------------------------
 
-DATABASE_NOW = text("SELECT clock_timestamp()")
+DATABASE_NOW = text("SELECT clock_timestamp() AS now")
 
 # A repeated idempotency key inserts nothing; a racing duplicate waits for the first to commit.
 INSERT_ACTION = text(f"""
@@ -230,5 +230,5 @@ COUNT_PURGEABLE = text("SELECT count(*) FROM agent_action WHERE ended_at IS NOT 
 # the pending and executing ones under their lane locks.
 ERASE_ACCOUNT = text("""
 WITH gone AS (DELETE FROM agent_action WHERE subject_account_id = :account_id RETURNING 1)
-SELECT count(*) FROM gone
+SELECT count(*) AS erased FROM gone
 """)

@@ -12,14 +12,15 @@ The action's payload is `{"notice": name, "event": {...}}`.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 from sqlalchemy import TextClause
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 from outbox.action import Action
+from outbox.caller import AsyncConn, SyncConnection, fetch, fetch_async
 from outbox.email.message import Draft, PreparedEmail, Recipient
-from outbox.enqueue import AsyncConn, SyncConnection, enqueue, enqueue_async
+from outbox.enqueue import enqueue, enqueue_async
 from outbox.errors import InvalidRequest, OutboxError
 from outbox.kinds import ActionKind
 from outbox.requests import ActionRequest
@@ -61,8 +62,8 @@ class EmailNotice(ABC):
         """The account the email addresses (erasing it deletes the action); None for a group."""
         return None
 
-    def prepared(self, event: dict[str, Any], rows: list[Any]) -> PreparedEmail | None:
-        recipients = tuple(Recipient(row.address, row.display_name or "") for row in rows)
+    def prepared(self, event: dict[str, Any], rows: Sequence[Mapping[str, Any]]) -> PreparedEmail | None:
+        recipients = tuple(Recipient(row["address"], row["display_name"] or "") for row in rows)
         if not recipients:
             return None
         draft = self.compose(event, recipients)
@@ -72,10 +73,10 @@ class EmailNotice(ABC):
 
     def prepare(self, conn: SyncConnection, event: dict[str, Any]) -> PreparedEmail | None:
         """The email as it would go now, or None when it would reach nobody."""
-        return self.prepared(event, list(conn.execute(self.recipients_query, self.params(event))))
+        return self.prepared(event, fetch(conn, self.recipients_query, self.params(event)))
 
-    async def prepare_async(self, conn: AsyncConnection, event: dict[str, Any]) -> PreparedEmail | None:
-        return self.prepared(event, list(await conn.execute(self.recipients_query, self.params(event))))
+    async def prepare_async(self, conn: AsyncConn, event: dict[str, Any]) -> PreparedEmail | None:
+        return self.prepared(event, await fetch_async(conn, self.recipients_query, self.params(event)))
 
     def request(self, event: dict[str, Any], *, max_attempts: int = 5) -> ActionRequest:
         return ActionRequest(
@@ -128,7 +129,6 @@ def enqueue_email(conn: SyncConnection, notice: EmailNotice, event: dict[str, An
 
 async def enqueue_email_async(conn: AsyncConn, notice: EmailNotice, event: dict[str, Any], **options: Any) -> Action:
     notice_named(notice.name)
-    connection = conn if isinstance(conn, AsyncConnection) else await conn.connection()
-    if await notice.prepare_async(connection, event) is None:
+    if await notice.prepare_async(conn, event) is None:
         raise _refuse_nobody(notice)
     return await enqueue_async(conn, notice.request(event, **options))
