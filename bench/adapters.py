@@ -7,9 +7,9 @@ import time
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from bench import kinds
 from outbox.executor import ActionAdapter, ActionAttempt, Done, Result
 from outbox.kinds import ActionKind
-from tests import kinds
 
 
 class NoopAdapter:

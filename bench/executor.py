@@ -51,7 +51,7 @@ def pickup(server: str, count: int = 500, rate: float = 50.0) -> list[float]:
         try:
             harness.wait_listening(engine, 1)
             import outbox
-            from tests import kinds
+            from bench import kinds
 
             for i in range(count):
                 with engine.begin() as conn:

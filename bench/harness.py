@@ -19,10 +19,10 @@ from pathlib import Path
 from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.engine import make_url
 
+from bench import kinds
 from outbox import migrate
 from outbox.db import psycopg_url, start_embedded_postgres
 from outbox.testing import install_kinds
-from tests import kinds
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -44,7 +44,7 @@ def server_version(url: str) -> str:
 
 @contextmanager
 def fresh_database(server: str, name: str) -> Iterator[tuple[str, Engine]]:
-    """A new database with the schema and the test kinds; dropped afterwards."""
+    """A new database with the schema and the benchmark kinds (bench.kinds); dropped afterwards."""
     admin = create_engine(server, isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:
         conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))

@@ -12,6 +12,7 @@ Prometheus, and proves each alert with `promtool test rules`.
 from __future__ import annotations
 
 import json
+import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,7 +33,17 @@ PROMETHEUS_RULES_FILE = ROOT / "deploy" / "prometheus" / "outbox-rules.yml"
 DASHBOARD_UID = "outbox-overview"
 PROMETHEUS_UID = "outbox-prometheus"  # fixed in deploy/grafana/datasources/outbox.yaml
 POSTGRES_UID = "outbox-postgres"
-RUNBOOK = "https://github.com/outbox/outbox/blob/main/README.md#runbook"
+
+
+def _source_url() -> str:
+    """The repository's address, `[project.urls] Source` in pyproject.toml."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    return str(project["urls"]["Source"]).rstrip("/")
+
+
+# Each alert links to its runbook, a section of docs/operations.md on the main branch.
+RUNBOOKS_PAGE = "docs/operations.md"
+RUNBOOK = f"{_source_url()}/blob/main/{RUNBOOKS_PAGE}#runbook"
 
 PROM = DataSourceRef(type_val="prometheus", uid="${datasource}")
 KIND = 'kind=~"$kind"'
@@ -133,7 +144,7 @@ def overview() -> dashboard.Dashboard:
                 "UNCERTAIN emails, 24 h",
                 "short",
                 Query('sum(increase(action_ended_total{kind="EMAIL",state="UNCERTAIN"}[24h]))'),
-                "Emails that may or may not have gone out: see the runbook in the README.",
+                f"Emails that may or may not have gone out: see [the runbook]({RUNBOOK}-uncertain-email).",
             )
         )
         .with_panel(

@@ -19,9 +19,9 @@ from typing import Any
 from prefect import flow, get_run_logger
 from prefect.artifacts import acreate_table_artifact
 
-from outbox.cli.run import load_adapters
 from outbox.db import async_engine, sync_engine
 from outbox.executor import Executor, ExecutorConfig
+from outbox.executor.adapter import load_adapters
 from outbox.executor.outcomes import Outcomes
 from outbox.ops import lanes
 from outbox.settings import load_settings

@@ -12,7 +12,8 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import create_table_artifact
 
 from outbox.db import sync_engine
-from outbox.retention import PURGE_BATCH_SIZE, purge_ended
+from outbox.limits import PURGE_BATCH_SIZE
+from outbox.retention import purge_ended
 from outbox.settings import load_settings
 
 

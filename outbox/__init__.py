@@ -1,15 +1,43 @@
 """outbox: carry out a product's effects on the outside world as reliably as the database that records them.
 
-The public API, re-exported; nothing else.
+The public API, re-exported; nothing else. Each name loads its module on first use, so importing `outbox`
+(or the `outbox` command) costs nothing it does not use, and registers nothing: an application registers
+its own kinds' adapters and email notices.
 """
 
-from outbox.action import Action
-from outbox.enqueue import admit, cancel, enqueue, enqueue_async, refuse
-from outbox.erasure import erase_account, erase_account_async
-from outbox.errors import ActionNotFound, InvalidRequest, OutboxError, TransitionRefused
-from outbox.kinds import ActionKind
-from outbox.requests import ActionRequest
-from outbox.states import ActionState, StopReason
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from outbox.action import Action
+    from outbox.erasure import erase_account, erase_account_async
+    from outbox.errors import ActionNotFound, InvalidRequest, OutboxError, TransitionRefused
+    from outbox.intake import admit, cancel, enqueue, enqueue_async, refuse
+    from outbox.kinds import ActionKind
+    from outbox.requests import ActionRequest
+    from outbox.states import ActionState, StopReason
+
+# no name here may be a module of this package too (the module would replace the name once imported)
+_HOMES = {
+    "Action": "outbox.action",
+    "ActionKind": "outbox.kinds",
+    "ActionNotFound": "outbox.errors",
+    "ActionRequest": "outbox.requests",
+    "ActionState": "outbox.states",
+    "InvalidRequest": "outbox.errors",
+    "OutboxError": "outbox.errors",
+    "StopReason": "outbox.states",
+    "TransitionRefused": "outbox.errors",
+    "admit": "outbox.intake",
+    "cancel": "outbox.intake",
+    "enqueue": "outbox.intake",
+    "enqueue_async": "outbox.intake",
+    "erase_account": "outbox.erasure",
+    "erase_account_async": "outbox.erasure",
+    "refuse": "outbox.intake",
+}
 
 __all__ = [
     "Action",
@@ -29,3 +57,16 @@ __all__ = [
     "erase_account_async",
     "refuse",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'outbox' has no attribute {name!r}")
+    value = getattr(importlib.import_module(home), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

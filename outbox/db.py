@@ -7,18 +7,21 @@ sync engine (enqueue, CLI, migrations) and the async one (the executor).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Engine, create_engine
 from sqlalchemy.engine import make_url
-from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncEngine
 
 
 def psycopg_url(url: str) -> str:
     """The same database, through psycopg 3."""
     parsed = make_url(url)
     if parsed.get_backend_name() != "postgresql":
-        raise ValueError(f"outbox needs PostgreSQL, not {parsed.get_backend_name()!r} ({url!r})")
+        shown = parsed.render_as_string(hide_password=True)
+        raise ValueError(f"outbox needs PostgreSQL, not {parsed.get_backend_name()!r} ({shown})")
     return parsed.set(drivername="postgresql+psycopg").render_as_string(hide_password=False)
 
 
@@ -27,6 +30,8 @@ def sync_engine(url: str, **options: Any) -> Engine:
 
 
 def async_engine(url: str, **options: Any) -> AsyncEngine:
+    from sqlalchemy.ext.asyncio import create_async_engine  # loaded by the executor, not by the operator commands
+
     return create_async_engine(psycopg_url(url), **options)
 
 

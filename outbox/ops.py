@@ -14,12 +14,12 @@ from sqlalchemy import Connection, TextClause
 from outbox import store, store_ops
 from outbox.action import Action
 from outbox.errors import ActionNotFound, InvalidRequest
+from outbox.limits import MAX_PAGE
 from outbox.states import ActionState, StopReason
 from outbox.testing import declared_kinds
 
 # `outbox status` counts the UNCERTAIN actions that ended within this window.
 UNCERTAIN_WINDOW = timedelta(hours=24)
-MAX_PAGE = 1_000
 
 
 @dataclass(frozen=True)

@@ -17,11 +17,11 @@ from sqlalchemy import Connection, Engine
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from outbox import store, store_metrics
+from outbox.limits import PURGE_BATCH_SIZE
 
 # How long an ended action is kept: longer than any notice's expiry, so its idempotency key still counts.
 RETENTION = timedelta(days=30)
 # Rows per batch: a few milliseconds of locks, and WAL in small steps.
-PURGE_BATCH_SIZE = 5_000
 # where the first batch starts; each next one starts at the last ended_at the batch before it deleted
 _BEGINNING = datetime(1, 1, 1, tzinfo=UTC)
 

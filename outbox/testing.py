@@ -12,14 +12,18 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from sqlalchemy import Connection, text
-from sqlalchemy.ext.asyncio import AsyncEngine
 
 from outbox import store
-from outbox.executor import ActionAdapter, Executor, ExecutorConfig
-from outbox.executor.outcomes import Outcomes
 from outbox.kinds import ActionKind
+
+if TYPE_CHECKING:  # the executor loads with `drain`, not with `declared_kinds` (the operator commands use it)
+    from sqlalchemy.ext.asyncio import AsyncEngine
+
+    from outbox.executor import ActionAdapter, ExecutorConfig
+    from outbox.executor.outcomes import Outcomes
 
 _ANY_ARRAY = re.compile(r"ANY \(ARRAY\[(.*?)\]\)")
 _GUARD_LIST = re.compile(r"(at_most_once_kinds CONSTANT text\[\] := )ARRAY\[(.*?)\](?:::text\[\])?;")
@@ -102,6 +106,8 @@ async def drain(
     `max_rounds` bounds an adapter that defers forever. Leases are left alone: a test that wants one
     to expire says so in SQL.
     """
+    from outbox.executor import Executor
+
     executor = Executor(engine, adapters, config, listen=False)
     for _ in range(max_rounds):
         async with engine.begin() as conn:

@@ -1,63 +1,109 @@
-"""Proof under faults: a seeded chaos run (`bench/chaos.py`) breaks no invariant.
+"""Proof under faults: a seeded chaos run (`tests/chaos/`) breaks no invariant.
 
 The default run includes one short run: 1 minute of faults against 4 executor processes, a real SMTP sink
 and PostgreSQL (its own, restartable, unless OUTBOX_TEST_DATABASE_URL names a server: then every fault but
 the restart), then up to a few minutes for the leases of killed and frozen holders to expire and the store
-to settle: about 3 minutes in all. A long run is `python -m bench.chaos --seed N --minutes 30`, or this
-module's `chaos_long` test with OUTBOX_CHAOS_MINUTES and OUTBOX_CHAOS_SEED set.
+to settle: about 3 minutes in all. The run happens once, in a module-scoped fixture; each test below reads
+one invariant from its report. A long run is `python -m tests.chaos --seed N --minutes 30`, or these tests'
+`chaos_long` instances with OUTBOX_CHAOS_MINUTES and OUTBOX_CHAOS_SEED set.
 
 Every breach the checks find must be explained by a late write: a holder frozen after its window check
-and woken past its lease, which no fence can stop. The run injects that case on purpose and asserts it
-was seen, counted apart, and is the only cause of the breaches found.
+and woken past its lease, which no fence can stop. The run injects that case on purpose and the tests
+assert it was seen, counted apart, and is the only cause of the breaches found.
 """
 
 from __future__ import annotations
 
 import os
-from pathlib import Path
+from dataclasses import dataclass
 
 import pytest
 
-from bench.chaos import ChaosConfig, Report, render, run_chaos
+from tests.chaos.records import ChaosConfig
+from tests.chaos.report import Report, render
+from tests.chaos.runner import run_chaos
 
 SHORT_SEED = 20261130
 PROCESS_FAULTS = ("SIGKILL", "SIGSTOP short", "SIGSTOP past the lease")
+BRINK_LATE_WRITE = "read-back write by a holder that had lost its lease (brink, on purpose)"
 
 
-def assert_invariants(report: Report, *, restartable: bool) -> None:
-    table = render(report)
-    faults = report.faults
+@dataclass(frozen=True)
+class Run:
+    report: Report
+    restartable: bool  # our own PostgreSQL, which the run may restart
+
+    @property
+    def table(self) -> str:
+        return render(self.report)
+
+
+LONG = pytest.mark.skipif("OUTBOX_CHAOS_MINUTES" not in os.environ, reason="a long run: set OUTBOX_CHAOS_MINUTES")
+
+
+@pytest.fixture(
+    scope="module",
+    params=[
+        pytest.param("short", marks=pytest.mark.chaos),
+        pytest.param("long", marks=[pytest.mark.chaos_long, LONG]),
+    ],
+)
+def run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Run:
+    """One chaos run per module: the short seeded one, or the long one OUTBOX_CHAOS_MINUTES asks for."""
+    if request.param == "short":
+        seed, minutes = SHORT_SEED, 1.0
+    else:
+        seed, minutes = int(os.environ.get("OUTBOX_CHAOS_SEED", "1")), float(os.environ["OUTBOX_CHAOS_MINUTES"])
+    server = os.environ.get("OUTBOX_TEST_DATABASE_URL")
+    work_dir = tmp_path_factory.mktemp(f"chaos-{request.param}")
+    config = ChaosConfig(seed=seed, minutes=minutes, server_url=server, work_dir=work_dir, log=lambda _: None)
+    report = run_chaos(config)
+    print(render(report))
+    return Run(report, restartable=server is None)
+
+
+def test_every_fault_kind_was_injected(run: Run) -> None:
+    faults = run.report.faults
     injected = {name.split(" (")[0].split(":")[0] for name, n in faults.items() if n and "skipped" not in name}
     expected = {*PROCESS_FAULTS, "relay", "pg_terminate_backend", "brink", "erasure"}
-    if restartable:
+    if run.restartable:
         expected.add("PostgreSQL restart")
-    assert expected <= injected, table
-    assert report.kills and all(k.recovery is not None for k in report.kills), table
-    # the one case no fence can stop happened, was seen as late, and explains every breach found
-    assert report.late_writes["read-back write by a holder that had lost its lease (brink, on purpose)"] >= 1, table
-    assert not report.unexplained, table
-    assert not report.lost, table
-    assert report.duplicates == 0 and report.overlaps == 0, table
-    assert report.stop_codes == [0] * len(report.stop_codes), table
-    assert not report.unexpected_exits, table
+    assert expected <= injected, run.table
 
 
-@pytest.mark.chaos
-def test_a_short_seeded_chaos_run_breaks_no_invariant(tmp_path: Path) -> None:
-    server = os.environ.get("OUTBOX_TEST_DATABASE_URL")
-    config = ChaosConfig(seed=SHORT_SEED, minutes=1.0, server_url=server, work_dir=tmp_path, log=lambda _: None)
-    report = run_chaos(config)
-    print(render(report))
-    assert_invariants(report, restartable=server is None)
+def test_every_kill_recovered(run: Run) -> None:
+    """Every action a killed executor held was taken back or ended."""
+    kills = run.report.kills
+    assert kills and all(k.recovery is not None for k in kills), run.table
 
 
-@pytest.mark.chaos_long
-@pytest.mark.skipif("OUTBOX_CHAOS_MINUTES" not in os.environ, reason="a long run: set OUTBOX_CHAOS_MINUTES")
-def test_a_long_chaos_run_breaks_no_invariant(tmp_path: Path) -> None:
-    minutes = float(os.environ["OUTBOX_CHAOS_MINUTES"])
-    seed = int(os.environ.get("OUTBOX_CHAOS_SEED", "1"))
-    server = os.environ.get("OUTBOX_TEST_DATABASE_URL")
-    config = ChaosConfig(seed=seed, minutes=minutes, server_url=server, work_dir=tmp_path, log=lambda _: None)
-    report = run_chaos(config)
-    print(render(report))
-    assert_invariants(report, restartable=server is None)
+def test_the_brink_late_write_was_seen(run: Run) -> None:
+    """The one case no fence can stop happened, and was seen as late."""
+    assert run.report.late_writes[BRINK_LATE_WRITE] >= 1, run.table
+
+
+def test_every_breach_is_explained_by_a_late_write(run: Run) -> None:
+    assert not run.report.unexplained, run.table
+
+
+def test_nothing_was_lost(run: Run) -> None:
+    """Every action not erased ended, or is legitimately waiting (a parked proposal, a backoff)."""
+    assert not run.report.lost, run.table
+
+
+def test_no_action_took_effect_twice(run: Run) -> None:
+    """No email delivered twice, no read-back written twice, but for a late write (counted apart)."""
+    assert run.report.duplicates == 0, run.table
+
+
+def test_no_two_writes_overlapped_in_a_lane(run: Run) -> None:
+    assert run.report.overlaps == 0, run.table
+
+
+def test_every_executor_stopped_with_exit_0(run: Run) -> None:
+    codes = run.report.stop_codes
+    assert codes == [0] * len(codes), run.table
+
+
+def test_no_executor_exited_on_its_own(run: Run) -> None:
+    assert not run.report.unexpected_exits, run.table

@@ -17,7 +17,7 @@ import pytest
 from sqlalchemy import Engine, text
 
 from examples.accounts import schema
-from outbox.cli.demo import enqueue_workload
+from outbox.demo import enqueue_workload
 from outbox.stack import Stack
 from tests.support import until
 

@@ -19,7 +19,7 @@ from sqlalchemy import create_engine
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 import outbox
-from bench import harness
+from bench import harness, kinds
 from bench.peers import System, WorkerSpec, base_env, python
 from bench.peers.common import Recorder, produce, worker_arguments
 from outbox import migrate
@@ -27,7 +27,6 @@ from outbox.db import async_engine
 from outbox.executor import ActionAdapter, ActionAttempt, Done, Result
 from outbox.kinds import ActionKind
 from outbox.testing import install_kinds
-from tests import kinds
 
 # lanes of the producer's actions: one per action, so nothing waits on order (the peers keep none)
 PRODUCER_LANE = "s-{i}"

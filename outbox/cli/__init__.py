@@ -1,5 +1,7 @@
 """The `outbox` command: one typer app, one module per command group.
 
+Each command module imports only typer at its top and loads what it needs when it runs, so `outbox --help`
+starts at once and `outbox status` loads the database layer but never Alembic, the executor or the demo.
 `main` turns every error outbox raises on purpose, every usage error (a bad option, a missing argument)
 and a database that cannot be reached into one line on stderr and exit code 2, so scripts see a clear
 failure and no traceback.
@@ -10,7 +12,6 @@ from __future__ import annotations
 import sys
 
 import typer
-from sqlalchemy.exc import OperationalError
 from typer.exceptions import TyperException
 
 from outbox.cli import changes, db, demo, metrics, ops, run
@@ -32,6 +33,16 @@ app.command("erase-account")(changes.erase_account)
 app.command("purge")(changes.purge)
 
 
+def _one_line(error: Exception) -> str | None:
+    """The error as the line the operator reads, or None for a fault of outbox's own (a traceback)."""
+    if isinstance(error, OutboxError | ValueError):
+        return str(error)
+    database_errors = sys.modules.get("sqlalchemy.exc")  # loaded only by a command that used the database
+    if database_errors is not None and isinstance(error, database_errors.OperationalError):
+        return f"cannot reach the database: {error.orig}"
+    return None
+
+
 def main() -> None:
     try:
         code = app(standalone_mode=False)  # usage errors come here instead of as typer's boxed report
@@ -40,11 +51,11 @@ def main() -> None:
         if message:  # empty after `outbox` alone: typer printed the help
             typer.echo(f"error: {message}", err=True)
         sys.exit(2)
-    except (OutboxError, ValueError) as error:
-        typer.echo(f"error: {error}", err=True)
-        sys.exit(2)
-    except OperationalError as error:
-        typer.echo(f"error: cannot reach the database: {error.orig}", err=True)
+    except Exception as error:
+        line = _one_line(error)
+        if line is None:
+            raise
+        typer.echo(f"error: {line}", err=True)
         sys.exit(2)
     if isinstance(code, int) and code:
         sys.exit(code)

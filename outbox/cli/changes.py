@@ -7,24 +7,25 @@ admit, refuse, cancel and erase-account each run in one transaction through the 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from typing import Literal
 
 import typer
-from sqlalchemy import Connection
 
-import outbox
-from outbox import retention
-from outbox.action import Action
-from outbox.cli.common import JSON_OPTION, connect, err, out, parse_duration, print_json
-from outbox.cli.database import database_url
-from outbox.db import sync_engine
+from outbox.cli.options import DATABASE_URL_OPTION, JSON_OPTION, required
+from outbox.limits import PURGE_BATCH_SIZE
 
 ID_ARGUMENT = typer.Argument(..., metavar="ID", help="The action's id.")
 
 
-def _decide(decision: Callable[[Connection, int], Action], action_id: int, json_output: bool) -> None:
-    with connect() as conn:
-        action = decision(conn, action_id)
+def _decide(
+    decision: Literal["admit", "refuse", "cancel"], action_id: int, json_output: bool, database_url: str | None
+) -> None:
+    """`decision` names the library function: admit, refuse or cancel."""
+    import outbox
+    from outbox.cli.common import connect, out, print_json
+
+    with connect(required(database_url)) as conn:
+        action = getattr(outbox, decision)(conn, action_id)
     if json_output:
         print_json(action)
     else:
@@ -32,27 +33,37 @@ def _decide(decision: Callable[[Connection, int], Action], action_id: int, json_
         out.print(f"action {action.id} is {action.state}{reason}")
 
 
-def admit(action_id: int = ID_ARGUMENT, json_output: bool = JSON_OPTION) -> None:
+def admit(
+    action_id: int = ID_ARGUMENT, json_output: bool = JSON_OPTION, database_url: str | None = DATABASE_URL_OPTION
+) -> None:
     """Admit a PROPOSED action: it waits its turn in its lane."""
-    _decide(outbox.admit, action_id, json_output)
+    _decide("admit", action_id, json_output, database_url)
 
 
-def refuse(action_id: int = ID_ARGUMENT, json_output: bool = JSON_OPTION) -> None:
+def refuse(
+    action_id: int = ID_ARGUMENT, json_output: bool = JSON_OPTION, database_url: str | None = DATABASE_URL_OPTION
+) -> None:
     """Refuse a PROPOSED action: it ends CANCELLED (PROPOSAL_REFUSED)."""
-    _decide(outbox.refuse, action_id, json_output)
+    _decide("refuse", action_id, json_output, database_url)
 
 
-def cancel(action_id: int = ID_ARGUMENT, json_output: bool = JSON_OPTION) -> None:
+def cancel(
+    action_id: int = ID_ARGUMENT, json_output: bool = JSON_OPTION, database_url: str | None = DATABASE_URL_OPTION
+) -> None:
     """Cancel an action that has not started (PROPOSED or ADMITTED): it ends CANCELLED (OPERATOR_CANCELLED)."""
-    _decide(outbox.cancel, action_id, json_output)
+    _decide("cancel", action_id, json_output, database_url)
 
 
 def erase_account(
     account_id: int = typer.Argument(..., metavar="ACCOUNT_ID", help="The erased account's id."),
     json_output: bool = JSON_OPTION,
+    database_url: str | None = DATABASE_URL_OPTION,
 ) -> None:
     """Delete every action whose subject is the account, in every state; a write past its fence still happens."""
-    with connect() as conn:
+    import outbox
+    from outbox.cli.common import connect, out, print_json
+
+    with connect(required(database_url)) as conn:
         erased = outbox.erase_account(conn, account_id)
     if json_output:
         print_json({"account_id": account_id, "erased": erased})
@@ -62,23 +73,28 @@ def erase_account(
 
 def purge(
     older_than: str = typer.Option("30d", help="Delete actions that ended longer ago than this: 30d, 24h, 15m, 90s."),
-    batch_size: int = typer.Option(retention.PURGE_BATCH_SIZE, help="Rows per batch, each its own transaction."),
+    batch_size: int = typer.Option(PURGE_BATCH_SIZE, help="Rows per batch, each its own transaction."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Count what would go; delete nothing."),
     json_output: bool = JSON_OPTION,
+    database_url: str | None = DATABASE_URL_OPTION,
 ) -> None:
     """Delete ended actions older than the retention window, in short batches (safe on several replicas)."""
+    from outbox import retention
+    from outbox.cli.common import connect, migrated_engine, out, parse_duration, print_json
+
+    url = required(database_url)
     window = parse_duration("--older-than", older_than)
     if batch_size < 1:
         raise ValueError(f"--batch-size must be at least 1, not {batch_size}")
     if dry_run:
-        with connect(read_only=True) as conn:
+        with connect(url, read_only=True) as conn:
             count = retention.count_purgeable(conn, window)
         if json_output:
             print_json({"older_than_seconds": window.total_seconds(), "would_delete": count})
         else:
             out.print(f"would delete {count:,} actions that ended more than {older_than} ago")
         return
-    engine = sync_engine(database_url(err))
+    engine = migrated_engine(url)
     try:
         started = time.perf_counter()
         deleted = retention.purge_ended(engine, window, batch_size)

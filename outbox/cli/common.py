@@ -1,4 +1,5 @@
-"""What the operator commands share: the database connection, durations, states, and JSON or table output.
+"""What the operator commands share once they run: the database connection, durations, states, and JSON
+or table output. Commands import it in their bodies, never at the top (see `outbox.cli.options`).
 
 Bad input raises ValueError naming the option, which `outbox.cli.main` prints as one line (exit 2).
 """
@@ -15,18 +16,19 @@ from typing import Any
 
 import typer
 from rich.console import Console
-from sqlalchemy import Connection
+from sqlalchemy import Connection, Engine, text
+from sqlalchemy.pool import NullPool
 
-from outbox.cli.database import database_url
 from outbox.db import sync_engine
+from outbox.errors import OutboxError
 from outbox.states import ActionState
 
 # markup off: lane keys, kinds and payloads are printed as they are, never read as rich markup
 out = Console(markup=False, highlight=False)
-# where `database_url` says that it started an embedded PostgreSQL, away from the output
+# what a command says about itself (progress, where it listens), away from its output
 err = Console(stderr=True)
 
-JSON_OPTION = typer.Option(False, "--json", help="Print JSON for scripts instead of tables.")
+SCHEMA_EXISTS = text("SELECT to_regclass('agent_action') IS NOT NULL")
 
 _DURATION = re.compile(r"(\d+)([smhd])")
 _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
@@ -67,15 +69,38 @@ def utc(moment: datetime) -> str:
     return moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")
 
 
+class NotMigrated(OutboxError):
+    def __init__(self) -> None:
+        super().__init__("the database has no outbox schema: run `outbox db upgrade` first")
+
+
+def require_schema(conn: Connection) -> None:
+    if not conn.execute(SCHEMA_EXISTS).scalar_one():
+        raise NotMigrated()
+
+
+def migrated_engine(url: str, **options: Any) -> Engine:
+    """An engine on a database that holds the outbox schema (checked once, now)."""
+    engine = sync_engine(url, **options)
+    try:
+        with engine.connect() as conn:
+            require_schema(conn)
+    except BaseException:
+        engine.dispose()
+        raise
+    return engine
+
+
 @contextmanager
-def connect(*, read_only: bool = False) -> Iterator[Connection]:
+def connect(url: str, *, read_only: bool = False) -> Iterator[Connection]:
     """One transaction on the outbox database; a read-only one sees a single snapshot."""
-    engine = sync_engine(database_url(err))
+    engine = sync_engine(url, poolclass=NullPool)
     try:
         with engine.connect() as conn:
             if read_only:
                 conn.execution_options(isolation_level="REPEATABLE READ", postgresql_readonly=True)
             with conn.begin():
+                require_schema(conn)
                 yield conn
     finally:
         engine.dispose()

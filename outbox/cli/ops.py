@@ -7,18 +7,25 @@ milliseconds on a table of millions of ended rows; nothing here writes.
 from __future__ import annotations
 
 from datetime import datetime
+from typing import TYPE_CHECKING
 
 import typer
-from rich.table import Table
 
-from outbox import ops
-from outbox.action import Action
-from outbox.cli.common import JSON_OPTION, connect, format_age, out, parse_duration, parse_state, print_json, utc
+from outbox.cli.options import DATABASE_URL_OPTION, JSON_OPTION, required
+from outbox.limits import MAX_PAGE
+
+if TYPE_CHECKING:
+    from outbox.action import Action
 
 
-def status(json_output: bool = JSON_OPTION) -> None:
+def status(json_output: bool = JSON_OPTION, database_url: str | None = DATABASE_URL_OPTION) -> None:
     """Unended actions by state and kind, the oldest due action, lanes, leases, UNCERTAIN in the last 24 h."""
-    with connect(read_only=True) as conn:
+    from rich.table import Table
+
+    from outbox import ops
+    from outbox.cli.common import connect, format_age, out, print_json
+
+    with connect(required(database_url), read_only=True) as conn:
         report = ops.status(conn)
     if json_output:
         print_json(report)
@@ -54,9 +61,15 @@ def status(json_output: bool = JSON_OPTION) -> None:
 def lanes(
     top: int = typer.Option(10, help="How many lanes in each list."),
     json_output: bool = JSON_OPTION,
+    database_url: str | None = DATABASE_URL_OPTION,
 ) -> None:
     """The deepest lanes (most actions not started) and the oldest (whose head came first)."""
-    with connect(read_only=True) as conn:
+    from rich.table import Table
+
+    from outbox import ops
+    from outbox.cli.common import connect, format_age, out, print_json
+
+    with connect(required(database_url), read_only=True) as conn:
         report = ops.lanes(conn, top)
     if json_output:
         print_json(report)
@@ -78,10 +91,17 @@ def lanes(
 
 
 def show(
-    action_id: int = typer.Argument(..., metavar="ID", help="The action's id."), json_output: bool = JSON_OPTION
+    action_id: int = typer.Argument(..., metavar="ID", help="The action's id."),
+    json_output: bool = JSON_OPTION,
+    database_url: str | None = DATABASE_URL_OPTION,
 ) -> None:
     """One action in full; its payload only while it has one (an ended action keeps none)."""
-    with connect(read_only=True) as conn:
+    from rich.table import Table
+
+    from outbox import ops
+    from outbox.cli.common import connect, out, print_json
+
+    with connect(required(database_url), read_only=True) as conn:
         action = ops.get_action(conn, action_id)
     if json_output:
         print_json(action)
@@ -93,6 +113,8 @@ def show(
 
 
 def _fields(action: Action) -> list[tuple[str, str]]:
+    from outbox.cli.common import utc
+
     def when(value: datetime | None) -> str:
         return "-" if value is None else utc(value)
 
@@ -123,14 +145,20 @@ def list_(
     state: str | None = typer.Option(None, help="Only this state (PROPOSED, ADMITTED, EXECUTING, DONE, ...)."),
     kind: str | None = typer.Option(None, help="Only this kind."),
     since: str = typer.Option("24h", help="Created within this long: 30d, 24h, 15m, 90s."),
-    limit: int = typer.Option(50, help=f"Actions per page (at most {ops.MAX_PAGE})."),
+    limit: int = typer.Option(50, help=f"Actions per page (at most {MAX_PAGE})."),
     before_id: int | None = typer.Option(None, help="The next page: the last id of the page before."),
     json_output: bool = JSON_OPTION,
+    database_url: str | None = DATABASE_URL_OPTION,
 ) -> None:
     """Actions newest first, paged by id."""
+    from rich.table import Table
+
+    from outbox import ops
+    from outbox.cli.common import connect, out, parse_duration, parse_state, print_json, utc
+
     window = parse_duration("--since", since)
     wanted_state = parse_state(state) if state is not None else None
-    with connect(read_only=True) as conn:
+    with connect(required(database_url), read_only=True) as conn:
         page = ops.list_actions(
             conn,
             since=window,

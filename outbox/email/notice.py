@@ -20,8 +20,8 @@ from sqlalchemy import TextClause
 from outbox.action import Action
 from outbox.caller import AsyncConn, SyncConnection, fetch, fetch_async
 from outbox.email.message import Draft, PreparedEmail, Recipient
-from outbox.enqueue import enqueue, enqueue_async
 from outbox.errors import InvalidRequest, OutboxError
+from outbox.intake import enqueue, enqueue_async
 from outbox.kinds import ActionKind
 from outbox.requests import ActionRequest
 

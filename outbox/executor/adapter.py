@@ -1,8 +1,13 @@
-"""The adapter contract: one adapter per kind, called only by the executor."""
+"""The adapter contract: one adapter per kind, called only by the executor; and how a process finds its
+adapters (`module:factory`, as `outbox run --adapters` and the drain flow name them)."""
 
 from __future__ import annotations
 
+import importlib
+from collections.abc import Callable, Iterable
 from typing import Protocol
+
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from outbox.executor.attempt import ActionAttempt
 from outbox.executor.results import Result
@@ -18,3 +23,19 @@ class ActionAdapter(Protocol):
     def kind(self) -> ActionKind: ...
 
     async def execute(self, attempt: ActionAttempt) -> Result: ...
+
+
+AdapterFactory = Callable[[AsyncEngine], Iterable[ActionAdapter]]
+
+
+def load_adapters(spec: str) -> AdapterFactory:
+    """`module:factory`, where factory(engine) returns the adapters, one per kind. Importing the module is
+    where an application registers its kinds and email notices."""
+    module_name, _, attribute = spec.partition(":")
+    if not module_name or not attribute:
+        raise ValueError(f"--adapters must look like module:factory, not {spec!r}")
+    try:
+        factory: AdapterFactory = getattr(importlib.import_module(module_name), attribute)
+    except (ImportError, AttributeError) as error:
+        raise ValueError(f"--adapters {spec}: {error}") from None
+    return factory

@@ -1,4 +1,4 @@
-"""The adapters of a chaos executor process: `outbox run --adapters bench.chaos_adapters:adapters`.
+"""The adapters of a chaos executor process: `outbox run --adapters tests.chaos.adapters:adapters`.
 
     EMAIL          ─▶ the real EmailAdapter (examples.accounts notices, SMTP to the runner's SmtpSink)
     TEST_READBACK  ─▶ ReadbackAdapter: its "provider" is the table chaos_provider_write, one row per write

@@ -1,0 +1,34 @@
+"""Proof under faults: executor processes, a real relay and PostgreSQL, faults at random moments, invariants.
+
+    python -m tests.chaos --seed 7 --minutes 30          # a long run (its figures go to bench/RESULTS.md)
+    python -m tests.chaos --seed 7 --minutes 1 --json out.json
+
+One run:
+  1. its own PostgreSQL (the embedded binaries, 127.0.0.1, restartable; or OUTBOX_CHAOS_DATABASE_URL's server,
+     which this run cannot restart), a fresh database, the example application, an SmtpSink on 127.0.0.1
+     in this process, and 4 executor processes (`outbox run --adapters tests.chaos.adapters:adapters
+     --lease-seconds 65`), two of them with their wall clock hours off;
+  2. a mixed workload enqueued at a steady rate: EMAIL (at most once, the example notices) and TEST_READBACK
+     (at least once, reads back), many lanes, some hot, some shared by both kinds, some with expires_at,
+     some proposals admitted or refused later (and a few parked on purpose), accounts erased while their
+     actions wait;
+  3. faults at random moments (seeded): SIGKILL (restarted after a pause, often with another clock skew),
+     SIGSTOP/SIGCONT (short, or past the lease), relay faults (4xx, 5xx, drop or stall after DATA, a flaky
+     relay), pg_terminate_backend, a PostgreSQL restart (fast or immediate), and on purpose the one case no
+     fence can stop: a holder frozen right after its window check, woken past its lease;
+  4. settle, stop the executors with SIGTERM, and check every invariant (see `tests.chaos.checks`).
+
+The seed fixes the workload and the fault schedule (kinds, order, gaps, targets); process timing does not
+repeat exactly, so two runs with one seed inject the same faults at nearly the same moments.
+"""
+
+# The modules, one job each:
+#  runner    the run: set-up, workload, faults, watching the executors, settling, stopping, tear-down
+#  adapters  the executor processes' adapters (EMAIL and TEST_READBACK, journaled; the brink)
+#  journal   reading those journals: what a killed process held, where a process froze itself
+#  checks    the invariants, checked once the executors stopped
+#  report    what a run did and found, as a Markdown table or JSON
+#  records   the configuration and what the runner keeps track of (slots, kills, brinks, actions, erasures)
+#  postgres  a PostgreSQL of the run's own, which it may restart
+#
+# Nothing is imported here: executor processes import `tests.chaos.adapters` alone.

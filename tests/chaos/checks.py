@@ -1,0 +1,411 @@
+"""The invariants of a chaos run, checked once its executors stopped, from the relay's messages, the read-back
+provider's writes, the executors' journals, the metrics and the database.
+
+`check` gathers the evidence once (`gather`), then each `check_*` function checks one invariant, or one
+family of them, and records what it finds in the report: breaches (`Report.breach`) and the counts the
+report shows. A breach is explained when a late write caused it: a write (or the end of a provider call)
+by a holder that had already lost its action, the one case no fence can stop; the run injects it on purpose.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import Counter, defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+from sqlalchemy import Engine, text
+
+from outbox.email import message_id
+from outbox.metrics.exporter import registry_for
+from tests import kinds
+from tests.chaos import journal
+from tests.chaos.records import ENDED_STATES, SENDER_DOMAIN, Erasure, Planned
+from tests.chaos.report import Report
+
+if TYPE_CHECKING:
+    from outbox.email.sink import Received
+    from tests.chaos.runner import Chaos
+
+# how many on-time effects (deliveries, provider writes) an action may have made, by the state it ended in;
+# any other state: none
+EFFECTS_ALLOWED = {"DONE": (1, 1), "UNCERTAIN": (0, 1)}
+LATE_HOLDER = ("expired", "superseded")
+
+# a write to the provider or the relay, on one timeline (both clocks are this machine's):
+# (start, end, action id, late, kind)
+Span = tuple[float, float, int, bool, str]
+
+
+@dataclass
+class Evidence:
+    """What the checks read, gathered once after the executors stopped."""
+
+    planned: list[Planned]
+    rows: dict[int, Any]  # agent_action, by id
+    writes: list[Any]  # chaos_provider_write, in id order
+    by_action: dict[int, list[Any]]  # the same writes, by action id
+    erasures: list[Erasure]
+    erased: dict[int, tuple[Erasure, dict[str, Any]]]  # by action id: its erasure, and its row just before
+    emails: dict[str, Planned]  # the EMAIL actions, by the Message-ID of their message
+    deliveries: dict[str, list[Received]]  # the relay's messages, by Message-ID
+    journals: list[Path]
+    unexpected_exits: list[str]
+    engine: Engine
+
+    def end_of(self, plan: Planned) -> float | None:
+        """When the action ended (epoch seconds, database clock), or its account was erased; None: neither."""
+        row = self.rows.get(plan.id)
+        if row is not None:
+            return row.ended_at  # type: ignore[no-any-return]
+        return self.erased[plan.id][0].at if plan.id in self.erased else None
+
+    def messages(self, mid: str, plan: Planned) -> tuple[list[Received], list[Received]]:
+        """The messages the relay received for an EMAIL action, in order, and those received after it ended."""
+        got = sorted(self.deliveries.get(mid, []), key=lambda r: r.received_at)
+        end = self.end_of(plan)
+        return got, [r for r in got if end is not None and r.received_at > end]
+
+
+def check(chaos: Chaos, report: Report) -> None:
+    """Every invariant, from the sink's and the provider's records, the journals and the database."""
+    evidence = gather(chaos, report)
+    check_emails(evidence, report)
+    check_readbacks(evidence, report)
+    check_lanes(evidence, report)
+    check_journals(evidence, report)
+    check_nothing_lost(evidence, report)
+    check_metrics(evidence, report)
+    check_constraints(evidence.engine, report)
+    check_executors(evidence, report)
+
+
+def gather(chaos: Chaos, report: Report) -> Evidence:
+    """Copy into the report what the run did, and read what the checks need."""
+    report.faults = chaos.faults
+    report.kills = chaos.kills
+    report.brinks = chaos.brinks
+    report.unexpected_exits = chaos.unexpected_exits
+    report.driver_retries = chaos.errors
+    report.pg_restarts = chaos.pg_restarts
+    report.enqueue_seconds = chaos.enqueue_seconds
+    for plan in chaos.planned.values():
+        report.enqueued[plan.kind] += 1
+        report.enqueued[f"{plan.kind} proposed"] += plan.proposed
+        report.enqueued[f"{plan.kind} with expires_at"] += plan.expires
+    engine = chaos.engine
+    with engine.connect() as conn:
+        rows = {
+            r.id: r
+            for r in conn.execute(
+                text("""
+                SELECT id, kind, lane_key, state, stop_reason, due_at > now() AS later,
+                       extract(epoch FROM ended_at)::float8 AS ended_at
+                  FROM agent_action
+                """)
+            )
+        }
+        writes = list(
+            conn.execute(
+                text("""
+                SELECT id, action_id, epoch, lane_key, brink, remaining_before, remaining_after, holder_at_start,
+                       holder_at_end, extract(epoch FROM started_at)::float8 AS started_at,
+                       extract(epoch FROM ended_at)::float8 AS ended_at
+                  FROM chaos_provider_write ORDER BY id
+                """)
+            )
+        )
+    for row in rows.values():
+        if row.stop_reason is not None:
+            report.outcomes[(row.kind, row.state, row.stop_reason)] += 1
+    erased: dict[int, tuple[Erasure, dict[str, Any]]] = {}
+    for erasure in chaos.erasures:
+        for found in erasure.rows:
+            erased[found["id"]] = (erasure, found)
+            report.erased[f"{found['kind']} {found['state']}{' fenced' if found['fenced'] else ''}"] += 1
+    report.sink_messages = len(chaos.sink.received)
+    report.provider_writes = len(writes)
+    deliveries: dict[str, list[Received]] = defaultdict(list)
+    for received in chaos.sink.received:
+        deliveries[received.message_id].append(received)
+    by_action: dict[int, list[Any]] = defaultdict(list)
+    for w in writes:
+        by_action[w.action_id].append(w)
+    return Evidence(
+        planned=list(chaos.planned.values()),
+        rows=rows,
+        writes=writes,
+        by_action=by_action,
+        erasures=chaos.erasures,
+        erased=erased,
+        emails={message_id(p.key, SENDER_DOMAIN): p for p in chaos.planned.values() if p.kind == "EMAIL"},
+        deliveries=deliveries,
+        journals=sorted(chaos.work_dir.glob("journal-*.jsonl")),
+        unexpected_exits=chaos.unexpected_exits,
+        engine=engine,
+    )
+
+
+def check_emails(ev: Evidence, report: Report) -> None:
+    """EMAIL, counted by Message-ID at the relay: only enqueued messages, each at most once, none after an
+    erasure that came before its fence, and as many on time as the state it ended in allows."""
+    for mid in ev.deliveries.keys() - ev.emails.keys():
+        report.breach("a message nobody enqueued reached the relay", None, mid)
+    for mid, plan in ev.emails.items():
+        got, late = ev.messages(mid, plan)
+        row = ev.rows.get(plan.id)
+        end = ev.end_of(plan)
+        report.late_writes["EMAIL delivered after its action ended"] += len(late)
+        for r in late:
+            assert end is not None
+            report.late_details.append(
+                {
+                    "action": plan.id,
+                    "kind": "EMAIL",
+                    "end": row.stop_reason if row is not None else "erased",
+                    "mail_after_end_s": round(r.mail_at - end, 3),
+                    "received_after_end_s": round(r.received_at - end, 3),
+                    "peer": r.peer,
+                }
+            )
+        on_time = len(got) - len(late)
+        if len(got) > 1:
+            report.count("duplicates", bool(late))
+            report.breach("an at-most-once action delivered twice", plan.id, f"{len(got)} messages", bool(late))
+        if plan.id in ev.erased:
+            erasure, found = ev.erased[plan.id]
+            after = [r for r in got if r.received_at > erasure.at]
+            if after and not found["fenced"] and found["state"] not in ENDED_STATES:
+                report.breach(
+                    "an erased account's pending email reached the relay", plan.id, found["state"], bool(late)
+                )
+            continue
+        if row is None:
+            report.breach("an action vanished without an erasure", plan.id, "EMAIL")
+            continue
+        expected = EFFECTS_ALLOWED.get(row.state, (0, 0))
+        if not expected[0] <= on_time <= expected[1]:
+            report.breach(f"an email ended {row.state} was delivered {on_time} times", plan.id, row.stop_reason or "")
+
+
+def check_readbacks(ev: Evidence, report: Report) -> None:
+    """TEST_READBACK, every write the provider holds: each action wrote at most once, never after an erasure
+    that came before its fence, and as many times on time as the state it ended in allows."""
+    for plan in ev.planned:
+        if plan.kind != kinds.READBACK.name:
+            continue
+        got = ev.by_action.get(plan.id, [])
+        late = [w for w in got if _late(w)]
+        for w in late:
+            report.late_writes[_late_label(w)] += 1
+        if len(got) > 1:
+            report.count("duplicates", bool(late))
+            report.breach("a read-back action wrote twice", plan.id, f"{len(got)} writes", bool(late))
+        # a write that started while its holder held the action happened on time, even when the rest of the
+        # provider call came late (the holder frozen mid-call): that end only counts for the lane's overlaps
+        on_time = sum(1 for w in got if not _started_late(w))
+        if plan.id in ev.erased:
+            erasure, found = ev.erased[plan.id]
+            after = [w for w in got if w.started_at > erasure.at]
+            if after and not found["fenced"] and found["state"] not in ENDED_STATES:
+                report.breach(
+                    "an erased account's pending action reached the provider", plan.id, found["state"], bool(late)
+                )
+            continue
+        row = ev.rows.get(plan.id)
+        if row is None:
+            report.breach("an action vanished without an erasure", plan.id, "TEST_READBACK")
+            continue
+        expected = EFFECTS_ALLOWED.get(row.state, (0, 0))
+        if not expected[0] <= on_time <= expected[1]:
+            report.breach(
+                f"a read-back action ended {row.state} with {on_time} writes",
+                plan.id,
+                row.stop_reason or "",
+                bool(late),
+            )
+
+
+def lane_spans(ev: Evidence) -> dict[str, list[Span]]:
+    """Every message at the relay and every write at the provider, by lane."""
+    spans: dict[str, list[Span]] = defaultdict(list)
+    for mid, plan in ev.emails.items():
+        got, late = ev.messages(mid, plan)
+        for r in got:
+            spans[plan.lane].append((r.mail_at, r.received_at, plan.id, r in late, "EMAIL"))
+    for plan in ev.planned:
+        if plan.kind == kinds.READBACK.name:
+            for w in ev.by_action.get(plan.id, []):
+                spans[plan.lane].append((w.started_at, w.ended_at or w.started_at, plan.id, _late(w), "READBACK"))
+    return spans
+
+
+def check_lanes(ev: Evidence, report: Report) -> None:
+    """A lane never has two writes in flight at once, and its actions write in id order."""
+    for lane, spans in lane_spans(ev).items():
+        spans.sort()
+        latest = spans[0]  # of the writes so far, the one that ended last
+        for span in spans[1:]:
+            start, end, action_id, late_write, kind = span
+            if start < latest[1]:
+                report.count("overlaps", latest[3] or late_write)
+                detail = f"{lane}: {latest[4]} {latest[2]} and {kind} {action_id}"
+                report.breach("two writes in one lane at once", action_id, detail, latest[3] or late_write)
+            if end > latest[1]:
+                latest = span
+        first: dict[int, float] = {}
+        for s, _, action_id, late_write, _ in spans:
+            if not late_write:
+                first.setdefault(action_id, s)
+        order = [a for a, _ in sorted(first.items(), key=lambda item: item[1])]
+        for before, after in itertools.pairwise(order):
+            if after < before:
+                report.breach("a lane ran out of id order", after, f"{lane}: {after} wrote after {before}")
+
+
+def check_journals(ev: Evidence, report: Report) -> None:
+    """At most once in the journals: no EMAIL claimed again after its write started."""
+    for path in ev.journals:
+        for entry in journal.read(path):
+            if entry["e"] == "start" and entry.get("kind") == "EMAIL" and entry.get("prior"):
+                report.breach("an EMAIL claimed again after its write started", entry["id"], path.name)
+
+
+def check_nothing_lost(ev: Evidence, report: Report) -> None:
+    """Nothing lost: every action not erased has ended or is legitimately waiting."""
+    for plan in ev.planned:
+        row = ev.rows.get(plan.id)
+        if row is None or row.ended_at is not None:
+            continue
+        if plan.parked or (row.state == "ADMITTED" and row.later):
+            report.waiting += 1
+            continue
+        report.lost.append({"action": plan.id, "kind": plan.kind, "state": row.state, "lane": plan.lane})
+    if report.lost:
+        report.breach("actions left neither ended nor legitimately waiting", None, f"{len(report.lost)} actions")
+
+
+def check_executors(ev: Evidence, report: Report) -> None:
+    """No executor exited on its own, and every one stopped cleanly on the final SIGTERM."""
+    for line in ev.unexpected_exits:
+        report.breach("an executor exited on its own", None, line)
+    if any(code != 0 for code in report.stop_codes):
+        report.breach("an executor did not stop cleanly on SIGTERM", None, str(report.stop_codes))
+
+
+def check_metrics(ev: Evidence, report: Report) -> None:
+    """action_ended_total equals the ended rows (plus those an erasure deleted after they ended); the
+    recorded attempts that end an action equal the actions they ended."""
+    samples: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+    exposition = generate_latest(registry_for(ev.engine, cache_seconds=0)).decode()
+    for family in text_string_to_metric_families(exposition):
+        for s in family.samples:
+            samples[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    ended: Counter[tuple[str, str, str]] = Counter()
+    for row in ev.rows.values():
+        if row.stop_reason is not None:
+            ended[(row.kind, row.state, row.stop_reason)] += 1
+    for erasure in ev.erasures:
+        for found in erasure.rows:
+            if found["stop_reason"] is not None:
+                ended[(found["kind"], found["state"], found["stop_reason"])] += 1
+    counted = {
+        (dict(labels)["kind"], dict(labels)["state"], dict(labels)["reason"]): v
+        for (name, labels), v in samples.items()
+        if name == "action_ended_total"
+    }
+    for key in set(counted) | set(ended):
+        if counted.get(key, 0) != ended.get(key, 0):
+            detail = f"{key}: {counted.get(key, 0)} vs {ended[key]}"
+            report.breach("action_ended_total differs from the database", None, detail)
+    attempts = {
+        (dict(labels)["kind"], dict(labels)["result"], dict(labels)["recorded"]): v
+        for (name, labels), v in samples.items()
+        if name == "action_attempts_total"
+    }
+    by_result = {
+        "DONE": [("DONE", "CONFIRMED")],
+        "FAILED": [("FAILED", "PROVIDER_REFUSED")],
+        "CANCELLED": [("CANCELLED", "NOT_WANTED")],
+        "UNCERTAIN": [("UNCERTAIN", "PROVIDER_UNCERTAIN"), ("UNCERTAIN", "ERROR_AFTER_WRITE")],
+    }
+    for kind in (kinds.READBACK.name, "EMAIL"):
+        for result, reasons in by_result.items():
+            want = sum(ended.get((kind, state, reason), 0) for state, reason in reasons)
+            got = attempts.get((kind, result, "true"), 0)
+            if got != want:
+                report.breach(
+                    "action_attempts_total{recorded=true} differs from the outcomes",
+                    None,
+                    f"{kind} {result}: {got} vs {want}",
+                )
+
+
+CONSTRAINT_CHECKS = {
+    "two EXECUTING actions in one lane": (
+        "SELECT count(*) FROM (SELECT lane_key FROM agent_action WHERE state = 'EXECUTING'"
+        " GROUP BY lane_key HAVING count(*) > 1) AS x"
+    ),
+    "an ended action with a payload, a lease or no ended_at": (
+        "SELECT count(*) FROM agent_action WHERE stop_reason IS NOT NULL"
+        " AND (payload IS NOT NULL OR lease_expires_at IS NOT NULL OR ended_at IS NULL)"
+    ),
+    "an EXECUTING action without a lease": (
+        "SELECT count(*) FROM agent_action WHERE state = 'EXECUTING' AND lease_expires_at IS NULL"
+    ),
+    "an unended action in no lane row": (
+        "SELECT count(*) FROM agent_action AS a WHERE a.ended_at IS NULL"
+        " AND NOT EXISTS (SELECT 1 FROM agent_lane AS l WHERE l.lane_key = a.lane_key)"
+    ),
+    "a lane row that differs from its actions": """
+        SELECT count(*) FROM agent_lane AS l
+         FULL JOIN (
+            SELECT k.lane_key, h.id AS head_id, h.state AS head_state, h.due_at,
+                   EXISTS (SELECT 1 FROM agent_action e WHERE e.lane_key = k.lane_key AND e.state = 'EXECUTING') AS ex
+              FROM (SELECT DISTINCT lane_key FROM agent_action WHERE ended_at IS NULL) AS k
+              LEFT JOIN LATERAL (SELECT p.id, p.state, p.due_at FROM agent_action p
+                                  WHERE p.lane_key = k.lane_key AND p.state IN ('PROPOSED', 'ADMITTED')
+                                  ORDER BY p.id LIMIT 1) AS h ON true
+         ) AS f ON f.lane_key = l.lane_key
+         WHERE l.lane_key IS NULL OR f.lane_key IS NULL
+            OR (l.head_id, l.executing, l.ready_at) IS DISTINCT FROM
+               (f.head_id, f.ex, CASE WHEN f.head_state = 'ADMITTED' AND NOT f.ex THEN f.due_at END)
+    """,
+}
+
+
+def check_constraints(engine: Engine, report: Report) -> None:
+    """Every CHECK constraint of agent_action holds for every row, and the derived state is exact."""
+    with engine.connect() as conn:
+        checks = dict(CONSTRAINT_CHECKS)
+        for name, definition in conn.execute(
+            text(
+                "SELECT conname, pg_get_constraintdef(oid) FROM pg_constraint"
+                " WHERE conrelid = 'agent_action'::regclass AND contype = 'c'"
+            )
+        ):
+            expression = definition.removeprefix("CHECK ")
+            checks[name] = f"SELECT count(*) FROM agent_action WHERE NOT coalesce({expression}, true)"
+        for name, query in checks.items():
+            broken = int(conn.execute(text(query)).scalar_one())
+            if broken:
+                report.breach("a row breaks a constraint", None, f"{name}: {broken} rows")
+
+
+def _started_late(w: Any) -> bool:
+    """The writer no longer held the action when its write reached the provider."""
+    return bool(w.holder_at_start in LATE_HOLDER)
+
+
+def _late(w: Any) -> bool:
+    """The writer no longer held the action when its write, or the end of its provider call, reached the provider."""
+    return _started_late(w) or w.holder_at_end in LATE_HOLDER
+
+
+def _late_label(w: Any) -> str:
+    if _started_late(w):
+        return "read-back write by a holder that had lost its lease" + (" (brink, on purpose)" if w.brink else "")
+    return "read-back call that ended after its holder lost its lease (frozen mid-call)"

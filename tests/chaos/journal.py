@@ -1,0 +1,37 @@
+"""Reading the executors' journals (tests.chaos.adapters.Journal): what a process held, where it froze."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from pathlib import Path
+from typing import Any
+
+
+def read(path: Path | None) -> list[dict[str, Any]]:
+    """Every entry of a journal, in order (none when it does not exist)."""
+    if path is None or not path.exists():
+        return []
+    entries = []
+    for line in path.read_text().splitlines():
+        with contextlib.suppress(json.JSONDecodeError):  # a line cut by SIGKILL
+            entries.append(json.loads(line))
+    return entries
+
+
+def held(path: Path | None) -> list[tuple[int, int]]:
+    """The attempts a process had started and not ended: (action id, epoch)."""
+    open_attempts: dict[tuple[int, int], bool] = {}
+    for entry in read(path):
+        key = (entry["id"], entry["epoch"])
+        if entry["e"] == "start":
+            open_attempts[key] = True
+        elif entry["e"] == "end":
+            open_attempts.pop(key, None)
+    return sorted(open_attempts)
+
+
+def brink_of(path: Path | None) -> tuple[int | None, int | None]:
+    """The last action (and its epoch) a process froze itself at the brink for."""
+    brinks = [e for e in read(path) if e["e"] == "brink"]
+    return (brinks[-1]["id"], brinks[-1]["epoch"]) if brinks else (None, None)

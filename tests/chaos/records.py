@@ -1,0 +1,96 @@
+"""What a chaos run is told and what it keeps track of: its configuration, the executor slots, the kills
+and brinks it caused, the actions it enqueued and the accounts it erased."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+SENDER_DOMAIN = "example.com"
+ENDED_STATES = ("DONE", "UNCERTAIN", "FAILED", "CANCELLED")
+
+
+@dataclass
+class ChaosConfig:
+    seed: int
+    minutes: float  # how long faults are injected (the workload runs meanwhile)
+    executors: int = 4
+    rate: float = 15.0  # actions enqueued per second
+    lease_seconds: float = 65.0
+    mean_fault_gap: float = 3.0  # seconds between faults, on average (exponential)
+    brink_every: float = 240.0  # one on-purpose frozen-at-the-brink holder this often (the first two at once)
+    settle_seconds: float = 360.0  # the most a run waits for the store to settle after the faults
+    server_url: str | None = None  # an existing server's maintenance database; None: our own, restartable
+    work_dir: Path | None = None
+    log: Callable[[str], None] = print
+
+    @property
+    def seconds(self) -> float:
+        return self.minutes * 60
+
+
+@dataclass
+class Slot:
+    index: int
+    skew: float
+    process: subprocess.Popen[bytes] | None = None
+    incarnation: int = 0
+    journal: Path | None = None
+    paused_until: float | None = None  # SIGSTOPped by the runner until then
+    brink: Brink | None = None  # froze itself (or the relay froze it) on purpose
+    down_since: float | None = None  # killed, waiting for its restart
+
+
+@dataclass
+class Brink:
+    kind: str
+    action_id: int | None
+    epoch: int | None
+    since: float
+    slot: int = -1
+    released_at: float | None = None
+    outcome: str = ""
+
+
+@dataclass
+class Kill:
+    n: int
+    at: float  # seconds into the run
+    slot: int
+    held: list[tuple[int, int]]
+    restarted_at: float | None = None
+    new_pid: int | None = None
+    beat_at: float | None = None
+    recovered_at: float | None = None
+
+    @property
+    def restart_to_beat(self) -> float | None:
+        return None if self.beat_at is None or self.restarted_at is None else self.beat_at - self.restarted_at
+
+    @property
+    def recovery(self) -> float | None:
+        """Kill to every action it held taken back or ended (0 when it held none)."""
+        return None if self.recovered_at is None else self.recovered_at - self.at
+
+
+@dataclass
+class Planned:
+    id: int
+    kind: str
+    key: str
+    lane: str
+    account: int | None
+    proposed: bool = False
+    parked: bool = False
+    brink: bool = False
+    expires: bool = False
+
+
+@dataclass
+class Erasure:
+    account: int
+    at: float  # epoch seconds (database clock) just before the erasure committed
+    rows: list[dict[str, Any]]

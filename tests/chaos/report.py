@@ -1,0 +1,157 @@
+"""A chaos run's report: what it did, what the checks found, as a Markdown table or JSON."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from tests.chaos.records import Brink, Kill
+
+
+@dataclass
+class Report:
+    """Filled by the runner (what it did) and by tests.chaos.checks (what it found)."""
+
+    seed: int
+    minutes: float
+    command: str
+    postgres: str
+    wall_seconds: float = 0.0
+    enqueued: Counter[str] = field(default_factory=Counter)
+    faults: Counter[str] = field(default_factory=Counter)
+    outcomes: Counter[tuple[str, str, str]] = field(default_factory=Counter)
+    erased: Counter[str] = field(default_factory=Counter)
+    kills: list[Kill] = field(default_factory=list)
+    brinks: list[Brink] = field(default_factory=list)
+    late_writes: Counter[str] = field(default_factory=Counter)
+    late_details: list[dict[str, Any]] = field(default_factory=list)
+    breaches: list[dict[str, Any]] = field(default_factory=list)
+    lost: list[dict[str, Any]] = field(default_factory=list)
+    waiting: int = 0
+    # not explained by a late write (must be 0), and explained by one
+    duplicates: int = 0
+    overlaps: int = 0
+    late_duplicates: int = 0
+    late_overlaps: int = 0
+    unexpected_exits: list[str] = field(default_factory=list)
+    stop_codes: list[int | None] = field(default_factory=list)
+    driver_retries: Counter[str] = field(default_factory=Counter)
+    pg_restarts: list[float] = field(default_factory=list)
+    enqueue_seconds: list[float] = field(default_factory=list)
+    sink_messages: int = 0
+    provider_writes: int = 0
+    settle_seconds: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+    def breach(self, invariant: str, action_id: int | None, detail: str, late: bool = False) -> None:
+        """An invariant found broken; `late`: explained by a late write (the case no fence can stop)."""
+        self.breaches.append({"invariant": invariant, "action": action_id, "detail": detail, "late": late})
+
+    def count(self, what: str, late: bool) -> None:
+        name = f"late_{what}" if late else what
+        setattr(self, name, getattr(self, name) + 1)
+
+    @property
+    def unexplained(self) -> list[dict[str, Any]]:
+        return [b for b in self.breaches if not b["late"]]
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
+
+
+def render(report: Report) -> str:
+    lines = [
+        f"## Chaos run: seed {report.seed}, {report.minutes:g} min of faults",
+        "",
+        f"`{report.command}` on PostgreSQL {report.postgres}; {report.wall_seconds:.0f} s wall, "
+        f"settled {report.settle_seconds:.0f} s after the faults stopped.",
+        "",
+        "| actions | count |",
+        "| --- | ---: |",
+    ]
+    lines += [f"| {k} | {v} |" for k, v in sorted(report.enqueued.items()) if v]
+    lines += [f"| erased while {k} | {v} |" for k, v in sorted(report.erased.items())]
+    lines += [
+        f"| messages at the relay | {report.sink_messages} |",
+        f"| writes at the read-back provider | {report.provider_writes} |",
+    ]
+    lines += ["", "| fault injected | count |", "| --- | ---: |"]
+    lines += [f"| {k} | {v} |" for k, v in sorted(report.faults.items()) if v]
+    lines += ["", "| kind | state | reason | actions |", "| --- | --- | --- | ---: |"]
+    lines += [f"| {k} | {s} | {r} | {n} |" for (k, s, r), n in sorted(report.outcomes.items())]
+    recoveries = [k.recovery for k in report.kills if k.recovery is not None]
+    held = [k for k in report.kills if k.held]
+    beats = [k.restart_to_beat for k in report.kills if k.restart_to_beat is not None]
+    lines += [
+        "",
+        "| invariant | found |",
+        "| --- | ---: |",
+        f"| duplicates (must be 0) | {report.duplicates} |",
+        f"| lane overlaps (must be 0) | {report.overlaps} |",
+        f"| duplicates caused by a late write (the unfenceable case) | {report.late_duplicates} |",
+        f"| lane overlaps caused by a late write | {report.late_overlaps} |",
+        f"| lost actions (must be 0) | {len(report.lost)} |",
+        f"| actions legitimately waiting (parked proposals, backoff) | {report.waiting} |",
+        f"| invariant breaches | {len(report.breaches)} |",
+        f"| of them not explained by a late write (must be 0) | {len(report.unexplained)} |",
+    ]
+    lines += [f"| late writes: {k} | {v} |" for k, v in sorted(report.late_writes.items())]
+    lines += [
+        f"| executors that exited on their own | {len(report.unexpected_exits)} |",
+        f"| executor exit codes on the final SIGTERM | {report.stop_codes} |",
+        "",
+        f"Kills: {len(report.kills)}; {len(held)} of them hit a process holding attempts"
+        f" ({sum(len(k.held) for k in held)} in all). Kill to every held action taken"
+        f" back or ended: p50 {percentile(recoveries, 0.5):.1f} s, max {max(recoveries, default=0):.1f} s"
+        f" (held only: p50 {percentile([k.recovery for k in held if k.recovery], 0.5):.1f} s; the lease is 65 s)."
+        f" Restart to first heartbeat: p50 {percentile(beats, 0.5):.1f} s, max {max(beats, default=0):.1f} s.",
+    ]
+    enqueues = report.enqueue_seconds
+    lines.append(
+        "Enqueue transactions (the application's side, retried across restarts):"
+        f" p50 {percentile(enqueues, 0.5) * 1000:.1f} ms, p99 {percentile(enqueues, 0.99) * 1000:.1f} ms,"
+        f" max {max(enqueues, default=0):.2f} s."
+    )
+    if report.pg_restarts:
+        lines.append("PostgreSQL restarts took " + ", ".join(f"{s:.1f} s" for s in report.pg_restarts) + ".")
+    lines += [
+        "",
+        "| kill | at (s) | executor | held | restart to beat (s) | recovered after (s) |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for k in report.kills:
+        beat = "" if k.restart_to_beat is None else f"{k.restart_to_beat:.1f}"
+        rec = "not yet" if k.recovery is None else f"{k.recovery:.1f}"
+        lines.append(f"| {k.n} | {k.at:.0f} | {k.slot} | {len(k.held)} | {beat} | {rec} |")
+    if report.brinks:
+        lines += ["", "| frozen at the brink | action | held (s) | outcome |", "| --- | ---: | ---: | --- |"]
+        for b in report.brinks:
+            held_for = "" if b.released_at is None else f"{b.released_at - b.since:.0f}"
+            lines.append(f"| {b.kind} | {b.action_id} | {held_for} | {b.outcome} |")
+    if report.breaches:
+        lines += ["", "| breach | action | detail | late write |", "| --- | ---: | --- | --- |"]
+        for b in report.breaches[:50]:
+            lines.append(f"| {b['invariant']} | {b['action']} | {b['detail']} | {b['late']} |")
+    if report.late_details:
+        lines += ["", "Late writes: " + json.dumps(report.late_details[:20])]
+    if report.lost:
+        lines += ["", "Lost: " + json.dumps(report.lost[:20])]
+    if report.driver_retries:
+        lines += ["", "Driver retries on lost connections: " + json.dumps(dict(report.driver_retries))]
+    return "\n".join(lines)
+
+
+def as_json(report: Report) -> dict[str, Any]:
+    def plain(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {"/".join(map(str, k)) if isinstance(k, tuple) else str(k): plain(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [plain(v) for v in value]
+        return value if isinstance(value, (int, float, str, bool)) or value is None else str(value)
+
+    return {"render": render(report), **plain(dataclasses.asdict(report))}

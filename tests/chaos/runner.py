@@ -1,0 +1,765 @@
+"""The chaos run itself: sets up, drives the workload, injects the faults, settles, stops, then checks.
+
+`Chaos.run` is one run, as the package's docstring describes it; `tests.chaos.checks` checks the invariants
+once the executors stopped, `tests.chaos.report` renders what it found.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+import itertools
+import os
+import queue
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any, ClassVar
+
+from sqlalchemy import Connection, create_engine, text
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError, OperationalError
+
+import outbox
+from examples.accounts import notices, schema
+from outbox import migrate
+from outbox.db import psycopg_url
+from outbox.email.sink import Faults, SmtpSink
+from outbox.erasure import erase_account
+from outbox.errors import InvalidRequest, OutboxError
+from outbox.testing import install_kinds
+from tests import kinds
+from tests.chaos import journal
+from tests.chaos.adapters import PROVIDER_TABLE
+from tests.chaos.checks import check
+from tests.chaos.postgres import OwnPostgres
+from tests.chaos.records import ENDED_STATES, SENDER_DOMAIN, Brink, ChaosConfig, Erasure, Kill, Planned, Slot
+from tests.chaos.report import Report
+
+ROOT = Path(__file__).resolve().parents[2]
+HOUR = 3600
+
+
+def retrying(what: str, action: Callable[[], Any], errors: Counter[str], timeout: float = 120.0) -> Any:
+    """Run `action` until it does not fail for a lost connection (a restart, a terminated backend)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return action()
+        except OperationalError:
+            errors[what] += 1
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+        except DBAPIError as error:
+            if not error.connection_invalidated:
+                raise
+            errors[what] += 1
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
+# the executors' wall clocks, off by this much: at the start (by slot), and at a restart after a kill
+SKEWS = [0.0, 0.0, 6 * HOUR, -6 * HOUR]
+RESTART_SKEWS = [0.0, 0.0, 3 * HOUR, -3 * HOUR, 6 * HOUR, -6 * HOUR, 26 * HOUR]
+
+
+# ---- the run ------------------------------------------------------------------------------------------------
+
+
+class Chaos:
+    def __init__(self, config: ChaosConfig) -> None:
+        self.config = config
+        self.rng = random.Random(config.seed)
+        self.work_rng = random.Random(config.seed * 7919 + 1)
+        self.log = config.log
+        self.t0 = time.monotonic()
+        self.work_dir = config.work_dir or Path(tempfile.mkdtemp(prefix=f"outbox-chaos-{config.seed}-"))
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        self.own: OwnPostgres | None = None
+        self.errors: Counter[str] = Counter()
+        self.planned: dict[int, Planned] = {}
+        self.by_key: dict[str, Planned] = {}
+        self.erasures: list[Erasure] = []
+        self.erased_accounts: set[int] = set()
+        self.slots: list[Slot] = []
+        self.kills: list[Kill] = []
+        self.brinks: list[Brink] = []
+        self.brinks_seen: set[int] = set()
+        self.events: list[tuple[float, int, Callable[[], None]]] = []
+        self._seq = itertools.count()
+        self.frozen_by_relay: queue.Queue[tuple[int, str, float]] = queue.Queue()
+        self.relay_brink_addresses: set[str] = set()  # armed: the sink freezes the next sender to one of them
+        self.brink_accounts_used = 0  # each brink email has an account of its own, used once
+        self.faults: Counter[str] = Counter()
+        self.unexpected_exits: list[str] = []
+        self.relay_fault_until = 0.0
+        self.counters = itertools.count(1)
+        self.request_numbers: Counter[int] = Counter()
+        self.pg_restarts: list[float] = []
+        self.enqueue_seconds: list[float] = []
+        self.injecting = True
+
+    # ---- set-up ----
+
+    def now(self) -> float:
+        return time.monotonic() - self.t0
+
+    def set_up(self) -> None:
+        config = self.config
+        if config.server_url is None:
+            self.own = OwnPostgres()
+            server = self.own.url
+        else:
+            server = psycopg_url(config.server_url)
+        self.db_name = f"outbox_chaos_{config.seed}_{os.getpid()}"
+        admin = create_engine(server, isolation_level="AUTOCOMMIT")
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{self.db_name}" WITH (FORCE)'))
+            conn.execute(text(f'CREATE DATABASE "{self.db_name}"'))
+            self.postgres = str(conn.execute(text("SHOW server_version")).scalar_one())
+        admin.dispose()
+        self.server = server
+        self.url = make_url(server).set(database=self.db_name).render_as_string(hide_password=False)
+        # an application's connections: a lock wait past 30 s is reported (and retried), never endless
+        self.engine = create_engine(
+            self.url,
+            pool_pre_ping=True,
+            pool_size=3,
+            connect_args={"application_name": "chaos-driver", "options": "-c lock_timeout=30s"},
+        )
+        with self.engine.begin() as conn:
+            migrate.upgrade(conn)
+            install_kinds(conn, kinds.ALL)
+            schema.create(conn)
+            conn.execute(text(PROVIDER_TABLE))
+            self._app_data(conn)
+        self.sink = SmtpSink(seed=config.seed)
+        self.sink.on_rcpt = self._on_rcpt
+        self.sink.start()
+        self.slots = [Slot(i, SKEWS[i % len(SKEWS)]) for i in range(config.executors)]
+        for slot in self.slots:
+            self._start(slot)
+        self._park_proposals()
+
+    WORKSPACES = 12
+    ACCOUNTS = 400
+    BRINK_ACCOUNTS = 40
+
+    def _app_data(self, conn: Connection) -> None:
+        conn.execute(
+            text("INSERT INTO app_workspace SELECT g, 'workspace ' || g FROM generate_series(1, :n) AS g"),
+            {"n": self.WORKSPACES},
+        )
+        admins, users, brinks = 2 * self.WORKSPACES, self.ACCOUNTS, self.BRINK_ACCOUNTS
+        for statement in (
+            # two verified admins per workspace: accounts 1..24
+            f"INSERT INTO app_account SELECT g, 'Admin ' || g, 'admin' || g || '@example.com', true"
+            f" FROM generate_series(1, {admins}) AS g",
+            f"INSERT INTO app_membership SELECT (g + 1) / 2, g, 'admin' FROM generate_series(1, {admins}) AS g",
+            # accounts that have not verified their address: verify_address emails, erasable
+            f"INSERT INTO app_account SELECT 1000 + g, 'User ' || g, 'user' || g || '@example.com', false"
+            f" FROM generate_series(1, {users}) AS g",
+            f"INSERT INTO app_account SELECT 9000 + g, 'Brink ' || g, 'brink-' || g || '@example.com', false"
+            f" FROM generate_series(1, {brinks}) AS g",
+        ):
+            conn.execute(text(statement))
+
+    def _start(self, slot: Slot) -> None:
+        slot.incarnation += 1
+        slot.journal = self.work_dir / f"journal-{slot.index}-{slot.incarnation}.jsonl"
+        env = {
+            **os.environ,
+            "OUTBOX_DATABASE_URL": self.url,
+            "OUTBOX_SMTP_HOST": "127.0.0.1",
+            "OUTBOX_SMTP_PORT": str(self.sink.port),
+            "OUTBOX_SMTP_SENDER": f"outbox@{SENDER_DOMAIN}",
+            # a stall after DATA runs past the fence's 60 s window: the window cuts it, not this timeout
+            "OUTBOX_SMTP_TIMEOUT_SECONDS": "90",
+            "OUTBOX_TEST_CLOCK_SKEW_SECONDS": str(slot.skew),
+            "OUTBOX_CHAOS_JOURNAL": str(slot.journal),
+            "PYTHONPATH": str(ROOT),
+        }
+        log = open(self.work_dir / f"executor-{slot.index}-{slot.incarnation}.log", "wb")  # noqa: SIM115
+        args = ["run", "--adapters", "tests.chaos.adapters:adapters", "--concurrency", "32"]
+        args += ["--lease-seconds", str(self.config.lease_seconds)]
+        slot.process = subprocess.Popen(
+            [sys.executable, "-m", "outbox.cli", *args], env=env, cwd=ROOT, stdout=log, stderr=log
+        )
+        log.close()
+        slot.down_since = None
+        slot.paused_until = None
+        slot.brink = None
+
+    # ---- the workload ----
+
+    def at(self, delay: float, event: Callable[[], None]) -> None:
+        heapq.heappush(self.events, (self.now() + delay, next(self._seq), event))
+
+    def _enqueue(self, request: outbox.ActionRequest, plan: Planned, prepare: Any = None) -> Planned | None:
+        def once() -> Any:
+            with self.engine.begin() as conn:
+                if prepare is not None:
+                    prepare(conn)
+                return outbox.enqueue(conn, request)
+
+        started = time.monotonic()
+        try:
+            action = retrying("enqueue", once, self.errors)
+            self.enqueue_seconds.append(time.monotonic() - started)
+        except InvalidRequest:
+            self.errors["enqueue refused (expired while retrying)"] += 1
+            return None
+        plan.id = action.id
+        self.planned[action.id] = plan
+        self.by_key[plan.key] = plan
+        return plan
+
+    def _options(self) -> dict[str, Any]:
+        rng = self.work_rng
+        options: dict[str, Any] = {"max_attempts": rng.choice([3, 4, 5])}
+        if rng.random() < 0.12:
+            options["expires_at"] = datetime.now(UTC) + timedelta(seconds=rng.uniform(2, 30))
+        if rng.random() < 0.08:
+            options["proposed"] = True
+        return options
+
+    def enqueue_one(self) -> None:
+        rng = self.work_rng
+        options = self._options()
+        roll = rng.random()
+        if roll < 0.25:
+            self._enqueue_alert(options)
+        elif roll < 0.45:
+            account = 1000 + rng.randint(1, self.ACCOUNTS)
+            if account not in self.erased_accounts:
+                self._enqueue_verify(account, options)
+        else:
+            self._enqueue_readback(options)
+
+    def _enqueue_email(self, notice: Any, event: dict[str, Any], options: dict[str, Any], **plan: Any) -> None:
+        request = dataclasses.replace(notice.request(event, max_attempts=options["max_attempts"]), **_extra(options))
+        planned = Planned(0, "EMAIL", request.idempotency_key, request.lane_key, request.subject_account_id, **plan)
+        planned.proposed = request.proposed
+        planned.expires = request.expires_at is not None
+
+        def prepare(conn: Connection) -> None:
+            if "alert_id" in event:
+                conn.execute(
+                    text("INSERT INTO app_alert VALUES (:id, :ws, 'Alert', 'body') ON CONFLICT DO NOTHING"),
+                    {"id": event["alert_id"], "ws": event["workspace_id"]},
+                )
+            if notice.prepare(conn, event) is None:
+                raise InvalidRequest("event", "reaches nobody")
+
+        if self._enqueue(request, planned, prepare) is not None:
+            self._after_enqueue(planned)
+
+    def _enqueue_alert(self, options: dict[str, Any]) -> None:
+        rng = self.work_rng
+        workspace = rng.choice([1, 2]) if rng.random() < 0.5 else rng.randint(3, self.WORKSPACES)
+        event = {"workspace_id": workspace, "alert_id": next(self.counters)}
+        self._enqueue_email(notices.WORKSPACE_ALERT, event, options)
+
+    def _enqueue_verify(self, account: int, options: dict[str, Any], *, brink: bool = False) -> None:
+        self.request_numbers[account] += 1
+        event = {"account_id": account, "request": self.request_numbers[account]}
+        self._enqueue_email(notices.VERIFY_ADDRESS, event, options, brink=brink)
+
+    def _enqueue_readback(self, options: dict[str, Any], *, brink: bool = False, lane: str | None = None) -> None:
+        rng = self.work_rng
+        account = None
+        roll = rng.random()
+        if lane is not None:
+            pass
+        elif roll < 0.15:
+            lane = f"rb:hot:{rng.randint(0, 2)}"
+        elif roll < 0.25:
+            lane = f"workspace:{rng.randint(1, 3)}:email"  # shared with the workspace alerts: one lane, two kinds
+        elif roll < 0.45:
+            account = 1000 + rng.randint(1, self.ACCOUNTS)
+            if account in self.erased_accounts:
+                return
+            lane = f"account:{account}:rb"
+        else:
+            lane = f"rb:{rng.randint(0, 299)}"
+        key = f"rb:{next(self.counters)}"
+        request = outbox.ActionRequest(
+            kind=kinds.READBACK,
+            lane_key=lane,
+            idempotency_key=key,
+            payload={"brink": True} if brink else {"n": key},
+            subject_account_id=account,
+            max_attempts=options["max_attempts"],
+            **_extra(options),
+        )
+        planned = Planned(0, kinds.READBACK.name, key, lane, account, brink=brink)
+        planned.proposed = request.proposed
+        planned.expires = request.expires_at is not None
+        if self._enqueue(request, planned) is not None:
+            self._after_enqueue(planned)
+
+    def _after_enqueue(self, planned: Planned) -> None:
+        if planned.proposed and not planned.parked:
+            self.at(self.work_rng.uniform(1, 15), lambda: self._decide(planned))
+
+    def _decide(self, planned: Planned) -> None:
+        admit = self.work_rng.random() < 0.8
+
+        def once() -> None:
+            with self.engine.begin() as conn:
+                (outbox.admit if admit else outbox.refuse)(conn, planned.id)
+
+        try:
+            retrying("decide", once, self.errors)
+        except OutboxError:
+            self.errors["decision on an action already gone"] += 1
+
+    def _park_proposals(self) -> None:
+        """A few proposals nobody decides, each with an action behind it: legitimately waiting at the end."""
+        for n in range(3):
+            lane = f"parked:{n}"
+            for proposed in (True, False):
+                key = f"parked:{n}:{int(proposed)}"
+                request = outbox.ActionRequest(
+                    kind=kinds.READBACK, lane_key=lane, idempotency_key=key, payload={}, proposed=proposed
+                )
+                self._enqueue(request, Planned(0, kinds.READBACK.name, key, lane, None, proposed=proposed, parked=True))
+
+    def erase_one(self) -> None:
+        """Erase an account that has actions waiting (an application's erasure: the outbox part of it)."""
+        with self.engine.connect() as conn:
+            candidates = sorted(
+                conn.execute(
+                    text("""
+                    SELECT DISTINCT subject_account_id FROM agent_action
+                     WHERE state IN ('PROPOSED', 'ADMITTED', 'EXECUTING') AND subject_account_id IS NOT NULL
+                       AND subject_account_id < 9000
+                    """)
+                ).scalars()
+            )
+        if not candidates:
+            return
+        account = self.work_rng.choice(candidates)
+
+        def once() -> Erasure:
+            with self.engine.begin() as conn:
+                rows = conn.execute(
+                    text("""
+                    SELECT id, kind, state, stop_reason, write_started_at IS NOT NULL AS fenced
+                      FROM agent_action WHERE subject_account_id = :a ORDER BY id FOR UPDATE
+                    """),
+                    {"a": account},
+                ).mappings()
+                found = [dict(r) for r in rows]
+                erase_account(conn, account)
+                at = float(conn.execute(text("SELECT extract(epoch FROM clock_timestamp())::float8")).scalar_one())
+                return Erasure(account, at, found)
+
+        erasure = retrying("erase", once, self.errors)
+        self.erasures.append(erasure)
+        self.erased_accounts.add(account)
+        self.faults["erasure (workload)"] += 1
+
+    # ---- faults ----
+
+    def healthy(self) -> list[Slot]:
+        return [
+            s
+            for s in self.slots
+            if s.process is not None
+            and s.process.poll() is None
+            and s.paused_until is None
+            and s.brink is None
+            and s.down_since is None
+            and _state(s.process.pid) != "T"
+        ]
+
+    FAULT_WEIGHTS: ClassVar[dict[str, int]] = {
+        "SIGKILL": 30,
+        "relay": 22,
+        "pg_terminate_backend": 18,
+        "SIGSTOP short": 8,
+        "PostgreSQL restart": 4,
+        "SIGSTOP past the lease": 5,
+    }
+
+    def fault_plan(self) -> Iterator[str]:
+        """Every kind once (the long pause last, so a short run still sees kills), then at random by weight."""
+        names = [n for n in self.FAULT_WEIGHTS if self.own is not None or n != "PostgreSQL restart"]
+        yield from names
+        weights = [self.FAULT_WEIGHTS[n] for n in names]
+        while True:
+            yield self.rng.choices(names, weights)[0]
+
+    def inject(self, name: str) -> bool:
+        """Inject one fault; False when it cannot be now (no executor to spare)."""
+        rng = self.rng
+        if name in ("SIGKILL", "SIGSTOP short", "SIGSTOP past the lease"):
+            # at most two executors down or paused by faults, and one left running
+            candidates = self.healthy()
+            faulted = sum(1 for s in self.slots if s.down_since is not None or s.paused_until is not None)
+            if len(candidates) < 2 or faulted >= 2:
+                return False
+            slot = rng.choice(candidates)
+            if name == "SIGKILL":
+                self._kill(slot)
+            else:
+                seconds = rng.uniform(0.5, 5) if name == "SIGSTOP short" else rng.uniform(66, 80)
+                assert slot.process is not None
+                slot.process.send_signal(signal.SIGSTOP)
+                slot.paused_until = self.now() + seconds
+        elif name == "relay":
+            choice, faults = self._relay_fault()
+            self.sink.faults = faults
+            self.relay_fault_until = self.now() + rng.uniform(0.5, 4)
+            name = f"relay: {choice}"
+        elif name == "pg_terminate_backend":
+            everyone = rng.random() < 0.3
+            with self.engine.connect() as conn:
+                pids = sorted(
+                    conn.execute(
+                        text("""
+                        SELECT pid FROM pg_stat_activity
+                         WHERE datname = current_database() AND pid <> pg_backend_pid()
+                           AND application_name <> 'chaos-driver'
+                        """)
+                    ).scalars()
+                )
+                chosen = pids if everyone else rng.sample(pids, min(len(pids), rng.randint(1, 5)))
+                for pid in chosen:
+                    conn.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
+            name = f"pg_terminate_backend ({'every connection' if everyone else 'some connections'})"
+        elif name == "PostgreSQL restart":
+            assert self.own is not None
+            mode = rng.choice(["fast", "immediate"])
+            self.pg_restarts.append(self.own.restart(mode))
+            self.engine.dispose()
+            name = f"PostgreSQL restart ({mode})"
+        self.faults[name] += 1
+        return True
+
+    def _relay_fault(self) -> tuple[str, Faults]:
+        hot_admins = [f"admin{n}@example.com" for n in (1, 2, 3, 4)]
+        options = [
+            ("451 to MAIL", Faults(mail="451 4.3.0 try later")),
+            ("550 to MAIL", Faults(mail="550 5.7.1 sender refused")),
+            ("450 to RCPT", Faults(rcpt={a: "450 4.2.1 mailbox busy" for a in hot_admins})),
+            ("550 to one RCPT", Faults(rcpt={hot_admins[0]: "550 5.1.1 no such user"})),
+            ("452 to DATA", Faults(data="452 4.3.1 insufficient storage")),
+            ("554 to DATA", Faults(data="554 5.7.1 message refused")),
+            ("drop after DATA", Faults(after_data="drop")),
+            ("stall after DATA (past the window)", Faults(after_data="stall")),
+            ("flaky relay", Faults(flaky=0.5)),
+        ]
+        return self.rng.choice(options)
+
+    def _kill(self, slot: Slot) -> None:
+        assert slot.process is not None
+        slot.process.send_signal(signal.SIGKILL)
+        slot.process.wait(30)
+        held = journal.held(slot.journal)
+        kill = Kill(len(self.kills) + 1, self.now(), slot.index, held)
+        if not held:
+            kill.recovered_at = kill.at
+        self.kills.append(kill)
+        slot.down_since = self.now()
+        delay = self.rng.uniform(0.3, 4)
+        skew = self.rng.choice(RESTART_SKEWS)
+
+        def restart() -> None:
+            slot.skew = skew
+            self._start(slot)
+            assert slot.process is not None
+            kill.restarted_at, kill.new_pid = self.now(), slot.process.pid
+            if skew:
+                self.faults["executor restarted with a skewed clock"] += 1
+
+        self.at(delay, restart)
+
+    def brink_readback(self) -> None:
+        self._enqueue_readback({"max_attempts": 5}, brink=True, lane=f"rb:{self.work_rng.randint(0, 299)}")
+        self.faults["brink: read-back holder frozen after its window check (on purpose)"] += 1
+
+    def brink_email(self) -> None:
+        if self.brink_accounts_used == self.BRINK_ACCOUNTS:
+            return
+        self.brink_accounts_used += 1
+        account = 9000 + self.brink_accounts_used
+        self.relay_brink_addresses.add(f"brink-{account - 9000}@example.com")
+        self._enqueue_verify(account, {"max_attempts": 5}, brink=True)
+
+    def _on_rcpt(self, session: Any, address: str) -> None:
+        """In the sink's thread: freeze the process sending to a brink address, before RCPT is answered."""
+        if address not in self.relay_brink_addresses:
+            return
+        self.relay_brink_addresses.discard(address)
+        pid = _pid_of_peer(session.peer, self.sink.port)
+        slot = next((s for s in self.slots if s.process is not None and s.process.pid == pid), None)
+        if slot is None or slot.brink is not None or slot.paused_until is not None:
+            self.faults["brink: email holder missed (its process was already stopped)"] += 1
+            return
+        os.kill(pid, signal.SIGSTOP)
+        self.frozen_by_relay.put((pid, address, self.now()))
+
+    # ---- watching ----
+
+    def watch(self) -> None:
+        now = self.now()
+        while not self.frozen_by_relay.empty():
+            pid, address, since = self.frozen_by_relay.get()
+            for slot in self.slots:
+                if slot.process is not None and slot.process.pid == pid:
+                    account = 9000 + int(address.split("-")[1].split("@")[0])
+                    action = next(
+                        (p for p in self.planned.values() if p.kind == "EMAIL" and p.account == account), None
+                    )
+                    slot.brink = Brink("EMAIL", action.id if action else None, None, since, slot.index)
+                    self.brinks.append(slot.brink)
+                    self.faults["brink: email holder frozen by the relay at RCPT, after its fence (on purpose)"] += 1
+        for slot in self.slots:
+            process = slot.process
+            if process is None:
+                continue
+            if slot.down_since is None and process.poll() is not None:
+                self.unexpected_exits.append(
+                    f"executor {slot.index}.{slot.incarnation} exited {process.returncode} at {now:.0f} s"
+                )
+                slot.down_since = now
+                self.at(0.5, lambda slot=slot: self._start(slot))  # type: ignore[misc]
+                continue
+            if slot.paused_until is not None and now >= slot.paused_until:
+                if slot.brink is None:  # the relay may have frozen it meanwhile: then the brink wakes it
+                    process.send_signal(signal.SIGCONT)
+                slot.paused_until = None
+            if (
+                slot.brink is None
+                and slot.paused_until is None
+                and slot.down_since is None
+                and _state(process.pid) == "T"
+            ):
+                # stopped, and not by us: a read-back holder that froze itself at the brink, once per action
+                action_id, epoch = journal.brink_of(slot.journal)
+                if action_id is not None and action_id not in self.brinks_seen:
+                    self.brinks_seen.add(action_id)
+                    slot.brink = Brink(kinds.READBACK.name, action_id, epoch, now, slot.index)
+                    self.brinks.append(slot.brink)
+            if slot.brink is not None and self._release_brink(slot.brink, now):
+                process.send_signal(signal.SIGCONT)
+                slot.brink.released_at = now
+                slot.brink = None
+        if self.relay_fault_until and now >= self.relay_fault_until:
+            self.sink.faults = Faults()
+            self.relay_fault_until = 0.0
+
+    def _release_brink(self, brink: Brink, now: float) -> bool:
+        held = now - brink.since
+        if held < self.config.lease_seconds + 3:
+            return False
+        if held > 150 or brink.action_id is None:
+            brink.outcome = "released after 150 s"
+            return True
+        with self.engine.connect() as conn:
+            state = conn.execute(
+                text("SELECT state, epoch FROM agent_action WHERE id = :id"), {"id": brink.action_id}
+            ).first()
+        if state is None or state.state in ENDED_STATES:
+            brink.outcome = f"released after the action ended {state.state if state else 'erased'}"
+            return True
+        return False
+
+    def track_recoveries(self) -> None:
+        now = self.now()
+        pending = [k for k in self.kills if k.recovered_at is None]
+        beats = [k for k in self.kills if k.beat_at is None and k.new_pid is not None]
+        if not pending and not beats:
+            return
+        with self.engine.connect() as conn:
+            if pending:
+                ids = sorted({i for k in pending for i, _ in k.held})
+                rows = {
+                    r.id: (r.epoch, r.state)
+                    for r in conn.execute(
+                        text("SELECT id, epoch, state FROM agent_action WHERE id = ANY (:ids)"), {"ids": ids}
+                    )
+                }
+                for kill in pending:
+                    if all(rows.get(i, (None, None)) != (e, "EXECUTING") for i, e in kill.held):
+                        kill.recovered_at = now
+            for kill in beats:
+                beat = conn.execute(
+                    text("SELECT 1 FROM agent_executor WHERE executor_id LIKE :pattern"),
+                    {"pattern": f"%:{kill.new_pid}:%"},
+                ).first()
+                if beat is not None:
+                    kill.beat_at = now
+
+    # ---- the run ----
+
+    def run(self) -> Report:
+        config = self.config
+        report = Report(config.seed, config.minutes, _command(config), "")
+        started = time.monotonic()
+        try:
+            self.set_up()
+            report.postgres = self.postgres + (" (own, restartable)" if self.own else " (given server: no restart)")
+            self.log(f"chaos: seed {config.seed}, {config.minutes} min of faults, work dir {self.work_dir}")
+            self._fault_phase()
+            report.settle_seconds = self._settle()
+            report.stop_codes = self._stop_executors()
+            check(self, report)
+        finally:
+            self._tear_down()
+        report.wall_seconds = time.monotonic() - started
+        return report
+
+    def _fault_phase(self) -> None:
+        config = self.config
+        end = self.now() + config.seconds
+        plan = self.fault_plan()
+        postponed: list[str] = []
+        next_fault = self.now() + self.rng.uniform(1, 2)
+        next_brink = self.now() + 2
+        brinks = itertools.cycle([self.brink_readback, self.brink_email])
+        brink_count = 0
+        next_enqueue = self.now()
+        next_erasure = self.now() + self.work_rng.uniform(2, 8)
+        next_track = 0.0
+        while self.now() < end:
+            now = self.now()
+            while next_enqueue <= now:
+                self.enqueue_one()
+                next_enqueue += self.work_rng.expovariate(config.rate)
+            if now >= next_erasure:
+                retrying("erase", self.erase_one, self.errors)
+                next_erasure = now + self.work_rng.uniform(3, 12)
+            if now >= next_brink:
+                next(brinks)()
+                brink_count += 1
+                # the first two early, apart, so a short run sees both
+                next_brink = now + (min(30, config.seconds * 0.4) if brink_count == 1 else config.brink_every)
+            if now >= next_fault:
+                # one fault per fault time: the first that can be injected now; a fault that needs an
+                # executor to spare waits for the next fault time (a few at most, oldest first)
+                candidates, postponed, injected = [*postponed, next(plan)], [], False
+                for name in candidates:
+                    if injected or not retrying("inject", lambda name=name: self.inject(name), self.errors):
+                        postponed.append(name)
+                    else:
+                        injected = True
+                postponed = postponed[-8:]
+                next_fault = now + self.rng.expovariate(1 / config.mean_fault_gap)
+            self._run_events()
+            retrying("watch", self.watch, self.errors)
+            if now >= next_track:
+                retrying("track", self.track_recoveries, self.errors)
+                next_track = now + 0.25
+            time.sleep(0.02)
+        self.injecting = False
+
+    def _run_events(self) -> None:
+        while self.events and self.events[0][0] <= self.now():
+            _, _, event = heapq.heappop(self.events)
+            retrying("event", event, self.errors)
+
+    def _settle(self) -> float:
+        """No new faults: wake and restart every executor, then wait until nothing is left to do."""
+        started = self.now()
+        self.sink.faults = Faults()
+        self.relay_fault_until = 0.0
+        for slot in self.slots:
+            if slot.paused_until is not None:
+                slot.paused_until = self.now()
+        deadline = self.now() + self.config.settle_seconds
+        while self.now() < deadline:
+            self._run_events()
+            retrying("watch", self.watch, self.errors)
+            retrying("track", self.track_recoveries, self.errors)
+            busy = self.events or any(s.brink or s.down_since is not None for s in self.slots)
+            if not busy and not retrying("settled", lambda: self._unsettled(), self.errors):
+                return self.now() - started
+            time.sleep(0.25)
+        return self.now() - started
+
+    def _unsettled(self) -> int:
+        with self.engine.connect() as conn:
+            return int(conn.execute(text(UNSETTLED)).scalar_one())
+
+    def _stop_executors(self) -> list[int | None]:
+        for slot in self.slots:
+            if slot.process is not None and slot.process.poll() is None:
+                slot.process.send_signal(signal.SIGCONT)
+                slot.process.send_signal(signal.SIGTERM)
+        codes = []
+        for slot in self.slots:
+            assert slot.process is not None
+            try:
+                codes.append(slot.process.wait(120))
+            except subprocess.TimeoutExpired:
+                slot.process.kill()
+                codes.append(None)
+        return codes
+
+    def _tear_down(self) -> None:
+        for slot in self.slots:
+            if slot.process is not None and slot.process.poll() is None:
+                slot.process.send_signal(signal.SIGCONT)
+                slot.process.kill()
+                slot.process.wait(30)
+        if hasattr(self, "sink"):
+            self.sink.stop()
+        if hasattr(self, "engine"):
+            self.engine.dispose()
+        if self.own is not None:
+            self.own.stop()
+        elif hasattr(self, "server"):
+            admin = create_engine(self.server, isolation_level="AUTOCOMMIT")
+            with admin.connect() as conn:
+                conn.execute(text(f'DROP DATABASE IF EXISTS "{self.db_name}" WITH (FORCE)'))
+            admin.dispose()
+
+
+# Actions not ended outside the parked lanes, where proposals wait for a decision nobody takes on purpose.
+UNSETTLED = "SELECT count(*) FROM agent_action WHERE ended_at IS NULL AND lane_key NOT LIKE 'parked:%'"
+
+
+def _extra(options: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in options.items() if k in ("expires_at", "proposed")}
+
+
+def _state(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rpartition(")")[2].split()[0]
+    except OSError:
+        return "?"
+
+
+def _pid_of_peer(peer: tuple[str, int] | None, server_port: int) -> int | None:
+    """The process whose socket is the other end of the sink's session (both ends: one local port may
+    serve several connections to different servers)."""
+    import psutil
+
+    if peer is None:
+        return None
+    for connection in psutil.net_connections(kind="tcp4"):
+        local, remote = connection.laddr, connection.raddr
+        if local and remote and (local.ip, local.port) == (peer[0], peer[1]) and remote.port == server_port:
+            return connection.pid
+    return None
+
+
+def _command(config: ChaosConfig) -> str:
+    return f"python -m tests.chaos --seed {config.seed} --minutes {config.minutes:g}"
+
+
+def run_chaos(config: ChaosConfig) -> Report:
+    return Chaos(config).run()
