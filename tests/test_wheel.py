@@ -134,6 +134,10 @@ def test_installed_without_extras_it_migrates_enqueues_and_runs(
         assert done.returncode == 0, done.stderr
         return done
 
+    demo = subprocess.run([outbox, "demo"], cwd=app, env=env, capture_output=True, text=True, timeout=60)
+    assert demo.returncode == 2 and demo.stderr.count("\n") == 1 and "pip install 'outbox[demo]'" in demo.stderr
+    assert not (app / ".outbox").exists()
+
     run(outbox, "db", "upgrade", "--database-url", empty_database_url)
     libpq = empty_database_url.replace("postgresql+psycopg://", "postgresql://", 1)
     action_id = int(run(python, "enqueue.py", empty_database_url, libpq).stdout)
