@@ -12,9 +12,10 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="OUTBOX_", extra="ignore")
 
-    # SQLAlchemy URL of the outbox database; unset: local commands start an embedded PostgreSQL
+    # SQLAlchemy URL of the outbox database (the flows read it here; the commands take it as --database-url,
+    # which reads the same variable); unset, every command but `outbox demo` refuses to start
     database_url: str | None = None
-    # where the embedded PostgreSQL keeps its data when OUTBOX_DATABASE_URL is unset
+    # where `outbox demo` keeps its embedded PostgreSQL, data and logs when it is given no database
     data_dir: Path = Path(".outbox")
 
     # a claim's lease in the drain flow's executor (more than the 60 s write window)

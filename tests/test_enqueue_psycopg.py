@@ -17,19 +17,12 @@ from sqlalchemy.engine import make_url
 
 import outbox
 from outbox import ActionRequest, ActionState, InvalidRequest, OutboxError
-from tests import kinds
+from tests.test_enqueue import request as enqueue_request
 
 
 def request(**changes: Any) -> ActionRequest:
-    values: dict[str, Any] = {
-        "kind": kinds.NOOP,
-        "workspace_id": 7,
-        "lane_key": "workspace:7",
-        "idempotency_key": "welcome:7",
-        "payload": {"account_id": 42, "note": "50% off"},
-    }
-    values.update(changes)
-    return ActionRequest(**values)
+    """The enqueue tests' request, with a `%` in its payload (psycopg's placeholder character)."""
+    return enqueue_request(**{"payload": {"account_id": 42, "note": "50% off"}, **changes})
 
 
 def libpq_url(database_url: str) -> str:
