@@ -149,3 +149,17 @@ def test_installed_without_extras_it_migrates_enqueues_and_runs(
         assert ended.one() == ("DONE", f"hook-{action_id}")
     engine.dispose()
     assert (app / "calls.txt").read_text() == f"{action_id}\n"
+
+
+def test_prefect_loads_the_wheels_flows_by_module_entrypoint(wheel: Path, tmp_path: Path) -> None:
+    """A deployment of an installed package names the flows `outbox_flows.drain:drain`, not a file path."""
+    with zipfile.ZipFile(wheel) as archive:
+        archive.extractall(tmp_path, [n for n in archive.namelist() if n.startswith("outbox_flows/")])
+    script = (
+        "from prefect.flows import load_flow_from_entrypoint as load;"
+        "print(load('outbox_flows.drain:drain').name, load('outbox_flows.purge:purge').name)"
+    )
+    env = {**os.environ, "PYTHONPATH": str(tmp_path), "PREFECT_HOME": str(tmp_path / "prefect")}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["outbox-drain", "outbox-purge"]
