@@ -2,9 +2,11 @@
 
 Each batch locks up to `batch_size` ended rows older than a cutoff taken once on the database clock (SKIP
 LOCKED, oldest first, from where the last batch stopped), deletes them and commits, until one comes up
-short: no long lock or snapshot, and purges on several replicas share the work. Thirty days outlast any
-notice's expiry, so a late redelivery of an event still finds its idempotency key. Sync and async
-functions mirror each other by name.
+short: no long lock or snapshot, and purges on several replicas share the work. The last batch's
+transaction also records the success and merges the metric tally rows (store_metrics.merge_tallies; the
+purge never deletes a tally row, so no counter goes backwards). Thirty days outlast any notice's expiry, so
+a late redelivery of an event still finds its idempotency key. Sync and async functions mirror each other
+by name.
 """
 
 from __future__ import annotations
@@ -104,10 +106,11 @@ async def purge_ended_async(
 
 
 def _record_success(conn: Connection, deleted: int) -> None:
-    """In the last batch's transaction: the purge succeeded (for the "purge failing" alert), and executors
-    silent for a day are forgotten."""
+    """In the last batch's transaction: the purge succeeded (for the "purge failing" alert), executors
+    silent for a day are forgotten, and the tally rows are merged (skipped while an executor merges)."""
     conn.execute(store_metrics.PURGE_SUCCEEDED, {"removed": deleted})
     conn.execute(store_metrics.FORGET_SILENT_EXECUTORS)
+    store_metrics.merge_tallies(conn)
 
 
 def count_purgeable(conn: Connection, older_than: timedelta = RETENTION) -> int:

@@ -184,7 +184,8 @@ RETURNING a.id
 
 # ---- metrics ------------------------------------------------------------------------------------------
 
-# Tallies are only added; the exporter merges them (MERGE_*), so a counter never goes backwards.
+# Tallies are only added here; the committer and the purge merge them (`store_metrics.merge_tallies`), so a
+# counter never goes backwards and the exporter only reads.
 ADD_ATTEMPT_TALLIES = text("""
 INSERT INTO agent_action_attempt_tally (kind, result, recorded, n)
 SELECT * FROM unnest(CAST(:kinds AS text[]), CAST(:results AS text[]), CAST(:recorded AS boolean[]),

@@ -1,31 +1,87 @@
 """The statements the metrics exporter and the heartbeats run, named for what they read or write.
 
-Counters come from the tally tables (merged here so they stay small); gauges are read at scrape time from
-the partial indexes and `agent_lane`, never from the ended rows.
+    writers (trigger, group commit) ──add rows──▶ tally tables ◀──merge_tallies (executor, purge)──
+    exporter ──read only: sum(n) of every row, merged or not──▶ counters
+
+Counters come from the tally tables: rows are only added, in the transactions they count, and folded into
+one row per label set by `merge_tallies`, which every executor runs every 10 seconds and the retention purge
+at its end, never the exporter. A merge keeps every sum, so the exporter's sums are the same before and
+after one. Gauges are read at scrape time from the partial indexes and `agent_lane`, never from the ended
+rows.
 """
 
 from __future__ import annotations
 
-from sqlalchemy import text
+from sqlalchemy import Connection, text
 
-# ---- counters: merge the added rows into one per label set, then read them ------------------------------
+# ---- counters: fold the added rows into one per label set (writers only), then read them ----------------
 
+# pg_advisory_xact_lock key of the tally merge (the bytes of "outboxtl"): one merge at a time, the others skip
+TALLY_MERGE_LOCK = 0x6F7574626F78746C
+TRY_TALLY_MERGE_LOCK = text("SELECT pg_try_advisory_xact_lock(:key)")
+# Each merge locks the oldest 100,000 rows of a table at most (SKIP LOCKED: rows another merge holds stay
+# for the next one; a backlog goes in steps) and rewrites only the label sets that have more than one row
+# among them. Inserts of new rows never wait for it.
 MERGE_ATTEMPT_TALLIES = text("""
-WITH gone AS (DELETE FROM agent_action_attempt_tally RETURNING kind, result, recorded, n)
+WITH held AS (
+    SELECT id, kind, result, recorded FROM agent_action_attempt_tally ORDER BY id LIMIT 100000 FOR UPDATE SKIP LOCKED
+), folded AS (
+    SELECT kind, result, recorded FROM held GROUP BY kind, result, recorded HAVING count(*) > 1
+), gone AS (
+    DELETE FROM agent_action_attempt_tally AS t USING held AS h JOIN folded AS f USING (kind, result, recorded)
+     WHERE t.id = h.id
+    RETURNING t.kind, t.result, t.recorded, t.n
+)
 INSERT INTO agent_action_attempt_tally (kind, result, recorded, n)
 SELECT kind, result, recorded, sum(n) FROM gone GROUP BY kind, result, recorded
 """)
 MERGE_ENDED_TALLIES = text("""
-WITH gone AS (DELETE FROM agent_action_ended_tally RETURNING kind, state, reason, n)
+WITH held AS (
+    SELECT id, kind, state, reason FROM agent_action_ended_tally ORDER BY id LIMIT 100000 FOR UPDATE SKIP LOCKED
+), folded AS (
+    SELECT kind, state, reason FROM held GROUP BY kind, state, reason HAVING count(*) > 1
+), gone AS (
+    DELETE FROM agent_action_ended_tally AS t USING held AS h JOIN folded AS f USING (kind, state, reason)
+     WHERE t.id = h.id
+    RETURNING t.kind, t.state, t.reason, t.n
+)
 INSERT INTO agent_action_ended_tally (kind, state, reason, n)
 SELECT kind, state, reason, sum(n) FROM gone GROUP BY kind, state, reason
 """)
 MERGE_LATENCY_TALLIES = text("""
-WITH gone AS (DELETE FROM agent_action_latency_tally RETURNING kind, metric, le, n, total)
+WITH held AS (
+    SELECT id, kind, metric, le FROM agent_action_latency_tally ORDER BY id LIMIT 100000 FOR UPDATE SKIP LOCKED
+), folded AS (
+    SELECT kind, metric, le FROM held GROUP BY kind, metric, le HAVING count(*) > 1
+), gone AS (
+    DELETE FROM agent_action_latency_tally AS t USING held AS h JOIN folded AS f USING (kind, metric, le)
+     WHERE t.id = h.id
+    RETURNING t.kind, t.metric, t.le, t.n, t.total
+)
 INSERT INTO agent_action_latency_tally (kind, metric, le, n, total)
 SELECT kind, metric, le, sum(n), sum(total) FROM gone GROUP BY kind, metric, le
 """)
+MERGE_TALLIES = (MERGE_ATTEMPT_TALLIES, MERGE_ENDED_TALLIES, MERGE_LATENCY_TALLIES)
+# a merge in a transaction of its own: how long it may run, and wait for a lock (milliseconds)
+BOUND_MERGE = text("""
+SELECT set_config('statement_timeout', CAST(:ms AS text), true), set_config('lock_timeout', CAST(:ms AS text), true)
+""")
 
+
+def merge_tallies(conn: Connection) -> bool:
+    """Fold the tally rows into one per label set, inside the caller's transaction; every sum stays the same.
+
+    False, without waiting, when another transaction is merging (it does the work). The rows stay locked
+    until the caller's transaction ends: call it in a short transaction of its own, or at the end of one.
+    """
+    if not conn.execute(TRY_TALLY_MERGE_LOCK, {"key": TALLY_MERGE_LOCK}).scalar_one():
+        return False
+    for merge in MERGE_TALLIES:
+        conn.execute(merge)
+    return True
+
+
+# the exporter reads every row: merged ones and those added since the last merge
 ATTEMPT_COUNTS = text(
     "SELECT kind, result, recorded, sum(n)::bigint AS n FROM agent_action_attempt_tally GROUP BY 1, 2, 3"
 )

@@ -18,6 +18,8 @@ import yaml
 from sqlalchemy import Connection, Engine, create_engine, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from outbox import migrate
+
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 PAGES = [README, *sorted((ROOT / "docs").glob("*.md"))]
@@ -66,7 +68,11 @@ def test_the_enqueue_example_runs(engine: Engine) -> None:
         conn.execute(text("INSERT INTO account VALUES (42, true)"))
     run_example("enqueue", {"engine": engine})
     with engine.connect() as conn:
-        assert conn.execute(text("SELECT kind, state FROM agent_action")).one() == ("EMAIL", "ADMITTED")
+        assert conn.execute(text("SELECT kind, state, payload FROM agent_action")).one() == (
+            "EMAIL",
+            "ADMITTED",
+            {"notice": "verify_address", "event": {"account_id": 42}},
+        )
         assert conn.execute(text("SELECT email_verified FROM account")).scalar_one() is False
 
 
@@ -107,6 +113,7 @@ def test_the_retention_example_runs(engine: Engine) -> None:
     from datetime import timedelta
 
     import outbox
+    from examples.accounts import notices
     from tests.support import insert_ended
 
     with engine.begin() as conn:
@@ -114,7 +121,7 @@ def test_the_retention_example_runs(engine: Engine) -> None:
             kind=outbox.ActionKind.EMAIL,
             lane_key="account:42",
             idempotency_key="welcome:42",
-            payload={},
+            payload={"notice": notices.VERIFY_ADDRESS.name, "event": {"account_id": 42}},
             subject_account_id=42,
         )
         outbox.enqueue(conn, request)
@@ -146,8 +153,10 @@ def test_the_alembic_revision_example_keeps_outbox_in_its_own_version_table(empt
             namespace["op"] = AlembicOp(conn)
             namespace["upgrade"]()
         with engine.connect() as conn:
-            # the example pins 0003, the newest revision
-            assert conn.execute(text("SELECT version_num FROM outbox_alembic_version")).scalars().all() == ["0003"]
+            # the example pins the newest revision
+            assert conn.execute(text("SELECT version_num FROM outbox_alembic_version")).scalars().all() == [
+                migrate.head()
+            ]
             assert conn.execute(text("SELECT to_regclass('alembic_version')")).scalar_one() is None
             assert conn.execute(text("SELECT to_regclass('agent_action')")).scalar_one() is not None
         with engine.begin() as conn:

@@ -8,6 +8,12 @@
 
 Every write names its own epoch, so batching never lets one attempt write for another, and a future
 resolves only after its transaction committed: a provider call starts after its own fence is durable.
+
+    every TALLY_MERGE_SECONDS, beside the batches ──▶ one short transaction of its own: merge_tallies
+        (the tally rows folded into one per label set; skipped while another executor merges)
+
+The merge runs as its own task on its own pooled connection, so a batch never waits for it; it locks only
+tally rows (SKIP LOCKED), which the batches only insert, so it never waits for a batch either.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from outbox import store
+from outbox import store, store_metrics
 from outbox.executor.attempt import WRITE_WINDOW_SECONDS, ClaimedAction
 
 log = logging.getLogger("outbox.executor")
@@ -32,6 +38,9 @@ log = logging.getLogger("outbox.executor")
 # how long a batch whose rows are all held by others waits before it tries again
 _HELD_RETRY_SECONDS = 0.02
 _MAX_BATCH = 500
+# how often the tally rows are merged, and how long a merge may take or wait for a lock
+TALLY_MERGE_SECONDS = 10.0
+_MERGE_TIMEOUT_MS = 5000
 
 
 @dataclass(frozen=True)
@@ -74,12 +83,22 @@ class _Pending:
 
 
 class Committer:
-    def __init__(self, engine: AsyncEngine, *, idle_in_transaction_seconds: float = 5.0) -> None:
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        *,
+        idle_in_transaction_seconds: float = 5.0,
+        tally_merge_seconds: float = TALLY_MERGE_SECONDS,
+    ) -> None:
         self._engine = engine
         self._idle_ms = max(1, round(idle_in_transaction_seconds * 1000))
         self._queue: list[_Pending] = []
         self._arrived = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._merge_seconds = tally_merge_seconds
+        self._merger: asyncio.Task[None] | None = None
+        self._stop_merging = asyncio.Event()
+        self.merges = 0
         # when set, every new fence is refused with this reason without touching the database
         self.refuse_fences: str | None = None
         self.commits = 0
@@ -87,12 +106,21 @@ class Committer:
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="outbox-committer")
+        self._merger = asyncio.create_task(self._merge_periodically(), name="outbox-tally-merge")
 
     async def close(self, seconds: float = 30.0) -> None:
         """Finish what is queued, then stop. Writes still unmade after `seconds` (the database is gone)
         fail: their actions stay as the database has them, and their leases bring them back."""
         if self._task is None:
             return
+        if self._merger is not None:
+            self._stop_merging.set()
+            # a merge in progress ends within its statement timeout, unless the database is unreachable
+            merging, _ = await asyncio.wait({self._merger}, timeout=min(seconds, _MERGE_TIMEOUT_MS / 1000 * 2))
+            if not merging:
+                self._merger.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._merger
         self._closing = True
         self._arrived.set()
         done, _ = await asyncio.wait({self._task}, timeout=seconds)
@@ -119,6 +147,28 @@ class Committer:
         future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         self._enqueue(_Pending(action, future, report, write))
         return await future
+
+    async def merge_tallies(self) -> bool:
+        """Merge the tally rows now, in a transaction of its own; False when another executor was merging
+        or the merge failed (the next one does the work: every row is kept until it is merged)."""
+        try:
+            async with self._engine.begin() as conn:
+                await conn.execute(store_metrics.BOUND_MERGE, {"ms": _MERGE_TIMEOUT_MS})
+                merged = await conn.run_sync(store_metrics.merge_tallies)
+        except Exception as error:
+            if not database_unavailable(error):
+                log.warning("could not merge the metric tallies; the next merge will: %s", error)
+            return False
+        self.merges += int(merged)
+        return merged
+
+    async def _merge_periodically(self) -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop_merging.wait(), self._merge_seconds)
+            if self._stop_merging.is_set():
+                return
+            await self.merge_tallies()
 
     def _enqueue(self, pending: _Pending) -> None:
         self._queue.append(pending)

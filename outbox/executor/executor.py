@@ -8,6 +8,15 @@ There is no leader: every replica runs the same loop, and SKIP LOCKED keeps them
 the database clock; local time only measures the write window (monotonic, relative to the fence).
 On stop, claiming ends, fences refuse, claimed actions that have not fenced go back to their lanes
 without counting the attempt, and fenced ones finish inside their window.
+
+    adapter raised ─▶ fenced?            ─ yes ─▶ Uncertain ERROR_AFTER_WRITE (the effect may exist)
+                   ─▶ outbox's own fault? ─ yes ─▶ OutboxFault: back to its lane, attempt not counted,
+                                                   1 s doubling to 60 s, one WARNING (class, short message)
+                   ─▶ otherwise               ─▶ Retry (counts; FAILED / ATTEMPTS_EXHAUSTED at the last)
+
+An own fault is a failure of outbox's database or connection pool (`is_outbox_fault`): the database
+restarting or failing over, a dropped connection, a pool with no connection free in time. A bug or bad
+data (a missing table, a broken constraint) is not one and spends attempts like any other exception.
 """
 
 from __future__ import annotations
@@ -17,6 +26,7 @@ import contextlib
 import logging
 import math
 import os
+import re
 import socket
 import uuid
 from collections.abc import Iterable
@@ -25,14 +35,14 @@ from typing import Any
 
 import psycopg
 from sqlalchemy import Row
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import DBAPIError, DisconnectionError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from outbox import store, store_metrics
 from outbox.executor.adapter import ActionAdapter
 from outbox.executor.attempt import WRITE_WINDOW_SECONDS, ActionAttempt, ClaimedAction, FenceRefused
-from outbox.executor.backoff import retry_delay
+from outbox.executor.backoff import own_fault_delay, retry_delay
 from outbox.executor.committer import AttemptReport, Committer, FinishWrite, database_unavailable
 from outbox.executor.outcomes import Outcomes
 from outbox.executor.results import (
@@ -41,6 +51,7 @@ from outbox.executor.results import (
     Defer,
     Done,
     Failed,
+    OutboxFault,
     Result,
     Retry,
     Uncertain,
@@ -297,6 +308,19 @@ class Executor:
             if attempt.fenced:
                 log.exception("action %s: adapter failed after its fence", action.id)
                 result = _uncertain_after_error(f"{type(error).__name__}: {error}")
+            elif is_outbox_fault(error):
+                # No window was granted, so the provider was not called. The fence itself may have raised.
+                # A connection lost in the fence's transaction, its COMMIT included, does not raise: the
+                # committer tries again, and a fence that had committed commits again under the same epoch.
+                # What does raise (a pool or driver error the committer does not try again) may come after
+                # the fence's COMMIT took effect, so write_started_at may be set under this epoch although
+                # nothing was sent. The deferral puts back what the claim found, under the same epoch, once
+                # the fence's transaction has ended (the committer skips a locked row and comes back): true
+                # either way. An at-most-once action goes back with no mark of a write, as it made none,
+                # and a later claim sends it once; a read-back one keeps an earlier attempt's mark. If the
+                # deferral is never recorded, the lease expires with the mark set, and an at-most-once
+                # action ends UNCERTAIN: never sent twice.
+                result = _own_fault(action, error)
             else:
                 log.warning("action %s: adapter failed before its fence: %r", action.id, error)
                 result = Retry(f"{type(error).__name__}: {error}")
@@ -327,12 +351,67 @@ def _uncertain_after_error(reason: str) -> Uncertain:
     return Uncertain(reason, StopReason.ERROR_AFTER_WRITE)
 
 
+# Failures of outbox's own database or connection pool, raised through SQLAlchemy or by psycopg itself.
+# psycopg's OperationalError covers a refused or dropped connection, a server shutting down, a statement
+# or lock timeout and a serialization failure; SQLAlchemy wraps it under the same name.
+_OWN_FAULTS: tuple[type[Exception], ...] = (
+    OperationalError,
+    InterfaceError,
+    PoolTimeout,
+    DisconnectionError,
+    psycopg.OperationalError,
+    psycopg.InterfaceError,
+)
+
+
+def is_outbox_fault(error: BaseException) -> bool:
+    """A failure of outbox's own database or connection pool, not of the adapter's logic or its data:
+    the classes above, and any error on which SQLAlchemy found its connection lost. ProgrammingError,
+    IntegrityError and DataError (a bug or bad data) are not."""
+    if isinstance(error, DBAPIError) and error.connection_invalidated:
+        return True
+    return isinstance(error, _OWN_FAULTS)
+
+
+# user:password@ in a URL, or password=... in a connection string, should a driver ever put one in its message
+_CREDENTIALS = re.compile(r"(://)[^/@\s]*@|(password\s*=\s*)\S+", re.IGNORECASE)
+
+
+def fault_text(error: BaseException) -> str:
+    """The class and the first line of the driver's message, for a log line: never the statement, its
+    parameters (they may hold a recipient) or a password."""
+    cause = error.orig if isinstance(error, DBAPIError) and error.orig is not None else error
+    lines = str(cause).strip().splitlines()
+    message = _CREDENTIALS.sub(_redact, lines[0].strip())[:200] if lines else ""
+    return f"{type(cause).__name__}: {message}" if message else type(cause).__name__
+
+
+def _redact(match: re.Match[str]) -> str:
+    return "://***@" if match.group(1) else f"{match.group(2)}***"
+
+
+def _own_fault(action: ClaimedAction, error: BaseException) -> OutboxFault:
+    # epoch - attempt: the claims of this action that did not count so far (own faults, deferrals, stops)
+    delay = own_fault_delay(action.epoch - action.attempt)
+    text = fault_text(error)
+    log.warning(
+        "action %s of kind %s: outbox's database failed before the fence (%s); back in %.1f s, "
+        "the attempt does not count",
+        action.id,
+        action.kind.name,
+        text,
+        delay,
+    )
+    return OutboxFault(delay, text)
+
+
 def finish_write(action: ClaimedAction, result: Result, *, fenced: bool = True) -> FinishWrite | None:
     """The row values a result writes, exactly as the seed's table says.
 
     A retry clears only its own attempt's fence. An attempt that never fenced (an exception before the
     fence counts as a retry) proves nothing about an earlier attempt's write: it keeps what its claim
-    found, so the next attempt of a read-back kind still looks before it writes.
+    found, so the next attempt of a read-back kind still looks before it writes. An OutboxFault is a
+    Defer and writes as one.
     """
     match result:
         case Done(readback_ref=ref):

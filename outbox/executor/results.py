@@ -9,6 +9,9 @@
 | Failed    | the provider refused it, or nobody can receive it    | FAILED / PROVIDER_REFUSED                   |
 | Cancelled | nothing should be written                            | CANCELLED / NOT_WANTED                      |
 | Abandoned | the fence refused                                    | nothing: another holder owns the action     |
+
+One more result is the executor's own, never an adapter's: `OutboxFault`, a Defer for an attempt that
+outbox's own database or connection pool failed before the fence (see `outbox.executor.executor`).
 """
 
 from __future__ import annotations
@@ -39,6 +42,12 @@ class Retry:
 class Defer:
     after: float
     reason: str = ""
+
+
+@dataclass(frozen=True)
+class OutboxFault(Defer):
+    """Outbox's own database or connection pool failed before the fence: a Defer (nothing was written, the
+    attempt does not count), counted apart as OUTBOX_FAULT. The executor makes it; an adapter never returns it."""
 
 
 @dataclass(frozen=True)
@@ -77,6 +86,7 @@ RESULT_NAMES: dict[type[Result], str] = {
     Done: "DONE",
     Retry: "RETRY",
     Defer: "DEFER",
+    OutboxFault: "OUTBOX_FAULT",
     Uncertain: "UNCERTAIN",
     Failed: "FAILED",
     Cancelled: "CANCELLED",

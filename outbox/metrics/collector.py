@@ -1,21 +1,36 @@
-"""OutboxCollector: every outbox metric, read from the database at scrape time.
+"""OutboxCollector: every outbox metric, read from the database at scrape time, never written.
 
-    scrape ──▶ merge tally rows (short write) ──▶ one read-only snapshot, statement_timeout 2 s
-           ──▶ counters from tallies, histograms from latency tallies, gauges from the partial indexes
+    scrapes ──▶ a snapshot younger than `cache_seconds`? ──yes──▶ shared by every scrape
+                    │ no
+                    ▼
+        the one snapshot in flight: the first scrape starts it on a thread of its own, every concurrent
+        scrape waits for that one (single flight), each at most `wait_seconds`
+                    ▼
+        one READ ONLY, REPEATABLE READ transaction: connect timeout 2 s at most, statement_timeout 2 s
+        ──▶ counters: the sum of every tally row (merged or not), histograms from the latency tallies,
+            gauges from the partial indexes ──▶ outbox_exporter_up 1 and every metric
+    an error, or no answer within `wait_seconds` ──▶ outbox_exporter_up 0, and one log line per change
+        between up and down (WARNING with the cause when it goes down, INFO when it comes back)
 
+The collector never writes, so it runs under the read-only role `outbox_reader`: the tally rows are merged
+by the executors and the retention purge (store_metrics.merge_tallies), and a merge keeps every sum.
 Counters come from durable tallies written in the transactions they count, so they are right across
 replicas, crashed workers and flow runs in short-lived subprocesses. Every label set an alert uses is
 exported from the first scrape (at 0), so the first UNCERTAIN shows as an increase. No label holds a lane
-key, an id or free text. A snapshot is cached for `cache_seconds`, so several Prometheus servers scraping
-do not multiply the database load.
+key, an id or free text. One snapshot serves every scrape of a cache period, so many Prometheus servers
+scraping at once do not multiply the database load. A snapshot whose database never answers (a host that
+hangs) is left to its thread; a later scrape starts a new one, at most MAX_UNANSWERED of them at a time.
 """
 
 from __future__ import annotations
 
+import logging
 import math
+import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -25,8 +40,8 @@ from prometheus_client.core import (
     Metric,
 )
 from prometheus_client.registry import Collector
-from sqlalchemy import Connection, Engine, text
-from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy import Connection, Engine, event, text
+from sqlalchemy.exc import DBAPIError
 
 from outbox import store_metrics as sql
 from outbox.executor.committer import LATENCY_BUCKETS
@@ -34,6 +49,8 @@ from outbox.executor.results import RESULT_NAMES
 from outbox.kinds import ActionKind
 from outbox.states import REASON_STATE
 from outbox.store_ops import COUNT_UNENDED_BY_STATE_AND_KIND
+
+log = logging.getLogger("outbox.metrics")
 
 LANE_DEPTH_BUCKETS = (1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 5000.0, math.inf)
 UNENDED_STATES = ("PROPOSED", "ADMITTED", "EXECUTING")
@@ -43,6 +60,22 @@ LATENCY_METRICS = {
     "attempt_duration": ("action_attempt_duration_seconds", "Time from claim to result of an attempt."),
     "pickup_delay": ("action_pickup_delay_seconds", "Time from an action's due time to its claim."),
 }
+# A host that does not complete the handshake fails the exporter's connection after 2 s, also when its URL
+# allows longer (a scrape waits `wait_seconds` at most: a longer handshake would only hold a thread).
+CONNECT_TIMEOUT_SECONDS = 2
+# libpq settings of the exporter's connections, unless its URL sets them: a host that stops acknowledging
+# (gone from the network) fails the connection after about 5 s, instead of the system's minutes.
+CONNECT_ARGS: dict[str, Any] = {
+    "keepalives": 1,
+    "keepalives_idle": 5,
+    "keepalives_interval": 2,
+    "keepalives_count": 2,
+    "tcp_user_timeout": 5000,
+}
+# snapshots started that never ended (their database stopped answering mid-way) before no new one starts
+MAX_UNANSWERED = 2
+READ_ONLY_SNAPSHOT = text("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+BOUND_STATEMENTS = text("SELECT set_config('statement_timeout', CAST(:ms AS text), true)")
 
 
 @dataclass
@@ -60,13 +93,41 @@ class Snapshot:
     last_purge: float | None = None
 
 
+class NoAnswer(Exception):
+    """The database did not answer a snapshot in time."""
+
+
+@dataclass
+class _Flight:
+    """One snapshot being read, which every scrape that arrives meanwhile waits for."""
+
+    started: float
+    done: threading.Event = field(default_factory=threading.Event)
+    snapshot: Snapshot | None = None
+    error: Exception | None = None
+
+
 class OutboxCollector(Collector):
-    def __init__(self, engine: Engine, *, cache_seconds: float = 5.0, statement_timeout_ms: int = 2000) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        cache_seconds: float = 5.0,
+        statement_timeout_ms: int = 2000,
+        wait_seconds: float = 5.0,
+    ) -> None:
+        bound_connections(engine)
         self._engine = engine
         self._cache_seconds = cache_seconds
         self._timeout = statement_timeout_ms
+        self._wait_seconds = wait_seconds
+        self._lock = threading.Lock()
         self._cached: Snapshot | None = None
         self._taken_at = -math.inf
+        self._flight: _Flight | None = None
+        self._unanswered = 0  # flights given up on whose thread still waits for the database
+        self._up: bool | None = None  # what the last scrape found, for the log line on a change
+        self.snapshots = 0  # snapshots started, whatever their outcome
 
     def describe(self) -> Iterable[Metric]:
         return []  # no query when the collector is registered
@@ -74,32 +135,128 @@ class OutboxCollector(Collector):
     def collect(self) -> Iterable[Metric]:
         started = time.perf_counter()
         up = GaugeMetricFamily("outbox_exporter_up", "1 when the last scrape could read the outbox database.")
-        try:
-            snapshot = self._snapshot()
-        except SQLAlchemyError:
+        snapshot = self.take()
+        if isinstance(snapshot, Exception):
+            self._found(False, snapshot)
             up.add_metric([], 0)
             yield up
+            yield self._snapshots_total()
             yield _scrape_duration(started)
             return
+        self._found(True, None)
         up.add_metric([], 1)
         yield up
         yield from families(snapshot)
+        yield self._snapshots_total()
         yield _scrape_duration(started)
 
-    def _snapshot(self) -> Snapshot:
-        if self._cached is not None and time.monotonic() - self._taken_at < self._cache_seconds:
-            return self._cached
-        with self._engine.begin() as conn:
-            conn.execute(text(f"SET LOCAL statement_timeout = {self._timeout}"))
-            for merge in (sql.MERGE_ATTEMPT_TALLIES, sql.MERGE_ENDED_TALLIES, sql.MERGE_LATENCY_TALLIES):
-                conn.execute(merge)
-        with self._engine.connect() as conn:
-            conn.execute(text("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"))
-            conn.execute(text(f"SET LOCAL statement_timeout = {self._timeout}"))
-            snapshot = read_snapshot(conn)
-            conn.rollback()
-        self._cached, self._taken_at = snapshot, time.monotonic()
-        return snapshot
+    def take(self) -> Snapshot | Exception:
+        """The cached snapshot while it is fresh, else the one in flight (started here when there is none);
+        or what reading it raised, or NoAnswer after `wait_seconds`. Every waiter gets the same object."""
+        deadline = time.monotonic() + self._wait_seconds
+        with self._lock:
+            now = time.monotonic()
+            if self._cached is not None and now - self._taken_at < self._cache_seconds:
+                return self._cached
+            flight = self._flight
+            if flight is None or (now - flight.started > self._wait_seconds and self._unanswered < MAX_UNANSWERED):
+                if flight is not None:
+                    self._unanswered += 1  # its thread ends when its connection fails; nobody waits for it
+                flight = self._flight = _Flight(time.monotonic())
+                self.snapshots += 1
+                threading.Thread(target=self._fly, args=(flight,), name="outbox-metrics-snapshot", daemon=True).start()
+        if not flight.done.wait(max(0.0, deadline - time.monotonic())):
+            return NoAnswer(f"the database did not answer within {self._wait_seconds:g} s")
+        if flight.error is not None:
+            return flight.error
+        assert flight.snapshot is not None
+        return flight.snapshot
+
+    def _fly(self, flight: _Flight) -> None:
+        try:
+            flight.snapshot = self._read()
+        except Exception as error:
+            flight.error = error
+        with self._lock:
+            if self._flight is flight:
+                self._flight = None
+                if flight.snapshot is not None:
+                    self._cached, self._taken_at = flight.snapshot, time.monotonic()
+            else:
+                self._unanswered -= 1
+        flight.done.set()
+
+    def _read(self) -> Snapshot:
+        for tries_left in (1, 0):
+            try:
+                with self._engine.connect() as conn:
+                    conn.execute(READ_ONLY_SNAPSHOT)
+                    conn.execute(BOUND_STATEMENTS, {"ms": self._timeout})
+                    snapshot = read_snapshot(conn)
+                    conn.rollback()
+                    return snapshot
+            except DBAPIError as error:
+                # a pooled connection the server closed meanwhile (a restart): once more, on a new one
+                if not (error.connection_invalidated and tries_left):
+                    raise
+        raise AssertionError("unreachable")
+
+    def _found(self, up: bool, error: Exception | None) -> None:
+        """Log a change between up and down: the first scrape's finding, then each change."""
+        with self._lock:
+            changed, self._up = self._up is not up, up
+        if not changed:
+            return
+        where = _where(self._engine)
+        if up:
+            log.info("outbox_exporter_up 1: reading the outbox database %s", where)
+        else:
+            log.warning("outbox_exporter_up 0: cannot read the outbox database %s: %s", where, self._cause(error))
+
+    def _cause(self, error: Exception | None) -> str:
+        """The exception's class and first line, without the database password."""
+        cause: BaseException | None = error.orig if isinstance(error, DBAPIError) and error.orig else error
+        if cause is None:
+            return "unknown"
+        lines = str(cause).strip().splitlines()
+        message = lines[0] if lines else ""
+        password = self._engine.url.password
+        if password:
+            message = message.replace(str(password), "***")
+        return f"{type(cause).__name__}: {message}" if message else type(cause).__name__
+
+    def _snapshots_total(self) -> Metric:
+        total = CounterMetricFamily(
+            "outbox_exporter_snapshots", "Database snapshots this exporter started, whatever their outcome."
+        )
+        total.add_metric([], self.snapshots)
+        return total
+
+
+def _where(engine: Engine) -> str:
+    """The database as a log line names it: no password, and of the URL's parameters only a socket's host."""
+    url = engine.url
+    host = url.query.get("host")
+    return url.set(query={"host": host} if host else {}).render_as_string(hide_password=True)
+
+
+def bound_connections(engine: Engine) -> None:
+    """Give the engine's new connections a connect timeout of at most CONNECT_TIMEOUT_SECONDS, and
+    CONNECT_ARGS except what its URL sets itself."""
+    if not event.contains(engine, "do_connect", _bound_connect):
+        event.listen(engine, "do_connect", _bound_connect)
+
+
+def _bound_connect(dialect: Any, record: Any, cargs: Any, cparams: dict[str, Any]) -> None:
+    given = cparams.get("connect_timeout")
+    try:
+        seconds = float(given) if given is not None else math.inf
+    except ValueError:
+        seconds = math.inf
+    # libpq reads 0 (or less) as "wait forever"
+    cparams["connect_timeout"] = CONNECT_TIMEOUT_SECONDS if not 0 < seconds < CONNECT_TIMEOUT_SECONDS else given
+    for name, setting in CONNECT_ARGS.items():
+        cparams.setdefault(name, setting)
 
 
 def read_snapshot(conn: Connection) -> Snapshot:
