@@ -4,14 +4,28 @@ A kind declares whether it is at most once (it cannot read back, so the database
 after its write started) and where it may run: in a workspace, at instance level (no workspace), or both.
 The production migration lists `EMAIL`; `tests/test_kinds.py` checks that `ck_agent_action_kind`,
 `ck_agent_action_workspace` and `guard_agent_action` list exactly what this registry declares.
+
+A kind may also name a payload check, `"module:function"`:
+
+    validate(request) --generic checks--> kind.check_payload(payload) --first use--> import module, find function
+                                                                     --> function(payload): returns, or raises
+                                                                         InvalidRequest naming the field
+
+The check is named by a string, loaded on first use, so a kind stays a frozen, comparable declaration and
+the module that holds the check may itself import outbox.
 """
 
 from __future__ import annotations
 
+import importlib
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import ClassVar
+from functools import cache
+from typing import Any, ClassVar
 
 from outbox.errors import InvalidRequest
+
+PayloadCheck = Callable[[Any], object]
 
 
 @dataclass(frozen=True)
@@ -20,12 +34,15 @@ class ActionKind:
 
     `instance_level`: the action may have no workspace (such as an email to an account).
     `workspace_level`: the action may belong to a workspace. EMAIL is both: each notice decides.
+    `payload_check`: `"module:function"`, called with the payload at enqueue after the generic checks;
+    the function raises InvalidRequest to refuse the payload.
     """
 
     name: str
     at_most_once: bool
     instance_level: bool
     workspace_level: bool = True
+    payload_check: str | None = None
 
     _registry: ClassVar[dict[str, ActionKind]] = {}
     EMAIL: ClassVar[ActionKind]
@@ -33,16 +50,29 @@ class ActionKind:
     def __str__(self) -> str:
         return self.name
 
+    def check_payload(self, payload: Any) -> None:
+        """Run the kind's payload check, if it declares one; it raises InvalidRequest to refuse."""
+        if self.payload_check is not None:
+            _loaded_check(self.payload_check)(payload)
+
     @classmethod
     def register(
-        cls, name: str, *, at_most_once: bool, instance_level: bool, workspace_level: bool = True
+        cls,
+        name: str,
+        *,
+        at_most_once: bool,
+        instance_level: bool,
+        workspace_level: bool = True,
+        payload_check: str | None = None,
     ) -> ActionKind:
         """Add a kind (step 1 of "Add a kind"). Registering the same declaration again is harmless."""
         if not name or not name.isupper() or not name.replace("_", "").isalnum():
             raise ValueError(f"kind name {name!r} must be upper case letters, digits and underscores")
         if not (instance_level or workspace_level):
             raise ValueError(f"kind {name} must allow instance level, workspace level or both")
-        kind = cls(name, at_most_once, instance_level, workspace_level)
+        if payload_check is not None and not _is_check_path(payload_check):
+            raise ValueError(f"kind {name}: payload_check {payload_check!r} must be 'module:function'")
+        kind = cls(name, at_most_once, instance_level, workspace_level, payload_check)
         known = cls._registry.get(name)
         if known is not None and known != kind:
             raise ValueError(f"kind {name} is already registered as {known!r}")
@@ -50,11 +80,12 @@ class ActionKind:
         return kind
 
     @classmethod
-    def get(cls, name: str) -> ActionKind:
-        kind = cls._registry.get(name)
+    def get(cls, name: object) -> ActionKind:
+        """The registered kind called `name`; InvalidRequest for any other value."""
+        kind = cls._registry.get(name) if isinstance(name, str) else None
         if kind is None:
             known = ", ".join(sorted(cls._registry))
-            raise InvalidRequest("kind", f"unknown action kind {name!r} (known kinds: {known})")
+            raise InvalidRequest("kind", f"unknown action kind {_shown_name(name)} (known kinds: {known})")
         return kind
 
     @classmethod
@@ -62,7 +93,32 @@ class ActionKind:
         return tuple(sorted(cls._registry.values(), key=lambda k: k.name))
 
 
-ActionKind.EMAIL = ActionKind.register("EMAIL", at_most_once=True, instance_level=True)
+def _is_check_path(path: object) -> bool:
+    if not isinstance(path, str):
+        return False
+    module, colon, function = path.partition(":")
+    return bool(colon) and all(part.isidentifier() for part in module.split(".")) and function.isidentifier()
+
+
+@cache
+def _loaded_check(path: str) -> PayloadCheck:
+    module_name, _, function_name = path.partition(":")
+    function = getattr(importlib.import_module(module_name), function_name, None)
+    if not callable(function):
+        raise ImportError(f"the payload check {path!r} names nothing callable in {module_name}")
+    return function  # type: ignore[no-any-return]
+
+
+def _shown_name(name: object) -> str:
+    if not isinstance(name, str):
+        return f"(a {type(name).__name__}, not a name)"
+    shown = repr(name)
+    return shown if len(shown) <= 80 else shown[:76] + "...'"
+
+
+ActionKind.EMAIL = ActionKind.register(
+    "EMAIL", at_most_once=True, instance_level=True, payload_check="outbox.email.notice:check_payload"
+)
 
 # The kinds the production migration declares; a test kind is never among them.
 PRODUCTION_KINDS = frozenset({"EMAIL"})

@@ -1,15 +1,20 @@
 """The EMAIL kind against a real SMTP server (aiosmtpd on 127.0.0.1) with one injected fault per test.
 
 Each test enqueues through the example application's notices, drains, and asserts the action's state,
-stop reason and attempts, and exactly what the sink received (messages counted by Message-ID).
+stop reason and attempts, and exactly what the sink received (messages counted by Message-ID), the name
+the adapter gave in EHLO, and who a group notice shows in its headers. tests/test_email_headers.py holds
+the headers and recipients themselves.
 """
 
 from __future__ import annotations
 
 import asyncio
+import email
+import email.policy
 import logging
 import os
 import signal
+import socket
 import ssl
 import subprocess
 import sys
@@ -24,8 +29,10 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from examples.accounts import notices, schema
 from outbox import InvalidRequest
 from outbox.email import EmailAdapter, SmtpSettings, UnknownNotice, enqueue_email, message_id, notice_named
+from outbox.email.adapter import READBACK_LIMIT, address_literal, is_public_name, readback_ref
 from outbox.email.sink import Faults, SmtpSink
 from outbox.executor import Executor
+from outbox.settings import load_settings
 from outbox.testing import drain
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -127,11 +134,113 @@ async def test_a_250_is_done_with_the_relays_reply_and_a_stable_message_id(
     assert message_id("workspace_alert:100", "example.com") == received.message_id  # any replica computes it
 
 
+def readback(app: Engine, action_id: int) -> str:
+    with app.connect() as conn:
+        found = conn.execute(text("SELECT readback_ref FROM agent_action WHERE id = :id"), {"id": action_id})
+        return str(found.scalar_one())
+
+
 async def test_a_refused_recipient_does_not_stop_the_others(app: Engine, aengine: AsyncEngine, sink: SmtpSink) -> None:
     sink.faults = Faults(rcpt={BOB: "550 5.1.1 no such user"})
-    enqueue(app)
+    action_id = enqueue(app)
     await attempt_once(aengine, settings(sink.port))
     assert [r.rcpt_tos for r in sink.received] == [(ALICE,)]
+    assert readback(app, action_id) == "250 2.0.0 queued as 1 | 1 of 2 recipients refused: 550"
+
+
+async def test_recipients_refused_while_others_accept_end_done_with_the_refusals_recorded(
+    app: Engine, aengine: AsyncEngine, sink: SmtpSink
+) -> None:
+    with app.begin() as conn:  # five admins with a verified address
+        conn.execute(
+            text("""
+            INSERT INTO app_account VALUES (5, 'Dan', 'dan@example.com', true), (6, 'Eve', 'eve@example.com', true),
+                (7, 'Fay', 'fay@example.com', true);
+            INSERT INTO app_membership VALUES (10, 5, 'admin'), (10, 6, 'admin'), (10, 7, 'admin');
+        """)
+        )
+    sink.faults = Faults(rcpt={BOB: "553 5.1.3 <bob@example.com> bad address", "eve@example.com": "550 5.1.1 no"})
+    action_id = enqueue(app)
+    await attempt_once(aengine, settings(sink.port))
+    assert action(app, action_id) == ("DONE", "CONFIRMED", 1)
+    assert readback(app, action_id) == "250 2.0.0 queued as 1 | 2 of 5 recipients refused: 550, 553"
+    assert [r.rcpt_tos for r in sink.received] == [(ALICE, "dan@example.com", "fay@example.com")]
+
+
+def test_the_readback_ref_keeps_the_refusals_within_its_bound() -> None:
+    long_reply = "250 " + "x" * 1_000
+    kept = readback_ref(long_reply, [550, 553, 550], 5)
+    assert len(kept) == READBACK_LIMIT and kept.endswith(" | 3 of 5 recipients refused: 550, 553")
+    assert readback_ref(long_reply, [], 5) == long_reply[:READBACK_LIMIT]
+
+
+async def test_a_group_notice_shows_no_recipient_another_address(
+    app: Engine, aengine: AsyncEngine, sink: SmtpSink
+) -> None:
+    enqueue(app)  # to both admins
+    enqueue(app, notices.VERIFY_ADDRESS, VERIFY)  # to Carol alone
+    await drain(aengine, [EmailAdapter(aengine, settings(sink.port))])
+    group, single = sorted(sink.received, key=lambda r: len(r.rcpt_tos), reverse=True)
+    assert group.rcpt_tos == (ALICE, BOB)  # one transaction, one message, every address in the envelope
+    headers = email.message_from_bytes(group.data, policy=email.policy.default)
+    assert str(headers["To"]) == "undisclosed-recipients:;"
+    assert b"alice" not in group.data.lower() and b"bob" not in group.data.lower()
+    assert single.rcpt_tos == ("carol@example.com",)
+    assert str(email.message_from_bytes(single.data, policy=email.policy.default)["To"]) == "Carol <carol@example.com>"
+
+
+# -- the name EHLO gives
+
+
+async def test_ehlo_gives_the_senders_domain_by_default(app: Engine, aengine: AsyncEngine, sink: SmtpSink) -> None:
+    enqueue(app)
+    await attempt_once(aengine, settings(sink.port))
+    assert [r.helo_name for r in sink.received] == ["example.com"]
+
+
+async def test_ehlo_gives_the_configured_name(
+    app: Engine, aengine: AsyncEngine, sink: SmtpSink, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OUTBOX_SMTP_PORT", str(sink.port))
+    monkeypatch.setenv("OUTBOX_SMTP_SENDER", "outbox@example.com")
+    monkeypatch.setenv("OUTBOX_SMTP_HELO_NAME", "mail.example.org")
+    enqueue(app)
+    await attempt_once(aengine, SmtpSettings.from_settings(load_settings()))
+    assert [r.helo_name for r in sink.received] == ["mail.example.org"]
+
+
+async def test_ehlo_is_never_localhost_by_default(app: Engine, aengine: AsyncEngine, sink: SmtpSink) -> None:
+    """A sender at localhost: this machine's name when it is a public one, else the connection's address."""
+    enqueue(app)
+    await attempt_once(aengine, settings(sink.port, sender="outbox@localhost"))
+    fqdn = socket.getfqdn()
+    assert [r.helo_name for r in sink.received] == [fqdn if is_public_name(fqdn) else "[127.0.0.1]"]
+
+
+def test_which_names_are_public_host_names() -> None:
+    public = ["example.com", "mail.example.org", "xn--80ak6aa92e.com", "a-b.example"]
+    private = ["localhost", "mail.localhost", "vm", "box.local", "box.localdomain", "db.internal", "127.0.0.1"]
+    malformed = ["-bad.example.com", "bad-.example.com", "a..b.com", "under_score.com", "x" * 64 + ".com", ""]
+    assert [name for name in public if is_public_name(name)] == public
+    assert [name for name in private + malformed if is_public_name(name)] == []
+
+
+def test_a_configured_ehlo_name_is_a_host_name_or_an_address_literal() -> None:
+    for name in ["mail.example.org", "localhost", "[192.0.2.1]", "[IPv6:2001:db8::1]"]:
+        assert settings(25, helo_name=name).helo_name == name
+    for name in [
+        "mail example.org",
+        "mail.example.org\r\nRSET",
+        "[mail.example.org]",
+        "[999.1.1.1]",
+        "[IPv6:192.0.2.1]",
+        "",
+    ]:
+        with pytest.raises(ValueError, match="smtp helo name"):
+            settings(25, helo_name=name)
+    assert address_literal(("192.0.2.1", 25)) == "[192.0.2.1]"
+    assert address_literal(("2001:db8::1", 25, 0, 0)) == "[IPv6:2001:db8::1]"
+    assert address_literal(("::ffff:192.0.2.1", 25, 0, 0)) == "[192.0.2.1]"
 
 
 async def test_a_connection_refused_is_retried(app: Engine, aengine: AsyncEngine) -> None:

@@ -1,7 +1,9 @@
 """EmailAdapter: the only adapter of EMAIL and the only code that talks SMTP.
 
     payload ─▶ notice.prepare_async (who wants it now?) ─ nobody ─▶ Cancelled NOT_WANTED
-        ─▶ build message (stable Message-ID) ─▶ fence ─▶ connect, STARTTLS, login, MAIL, RCPT
+        ─ a field the message cannot carry ─▶ Failed
+        ─▶ build message (stable Message-ID, Date now) ─ the mail library refuses ─▶ Failed
+        ─▶ fence ─▶ connect, EHLO (helo name), STARTTLS, login, MAIL, RCPT
         ─▶ window re-checked ─▶ DATA ─▶ classify what the relay answered
 
 The whole SMTP exchange runs under the fence's deadline; a slower relay is cut off and classified by the
@@ -12,10 +14,17 @@ stage it had reached. Results carry stage names and reply codes only, never an a
 | login                        | any refusal (535) or failure                  | Retry                          |
 | MAIL FROM                    | 4xx, or dropped / 5xx                         | Retry / Failed PROVIDER_REFUSED|
 | RCPT TO                      | any 4xx / every recipient 5xx / some 5xx      | Retry / Failed / send the rest |
+|                              |                                               | (Done notes the refusals)      |
 | before DATA                  | the write window closed                       | Retry                          |
 | DATA and after               | 4xx / 5xx                                     | Retry / Failed PROVIDER_REFUSED|
 | DATA and after               | dropped, timed out, any other reply           | Uncertain PROVIDER_UNCERTAIN   |
 | DATA                         | 250                                           | Done, the reply as readback_ref|
+
+When some recipients were refused with 5xx and the others took the message, the result is Done and its
+readback_ref ends with `| N of M recipients refused: 550, 553` (counts and codes, never an address).
+The EHLO name is `SmtpSettings.helo_name` when set; otherwise the sender's domain when it is a public
+host name, else this machine's fully qualified name when that is one, else the address literal of the
+connection's own end (`[192.0.2.1]`): never `localhost` unless configured.
 """
 
 from __future__ import annotations
@@ -23,21 +32,37 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ipaddress
+import socket
 import ssl
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Literal
 
 import aiosmtplib
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from outbox.email.message import InvalidEmail, PreparedEmail, Recipient, build_message, check_address, message_id
+from outbox.email.message import (
+    HOST_LABEL,
+    InvalidEmail,
+    PreparedEmail,
+    Recipient,
+    build_message,
+    check_address,
+    check_display_name,
+    message_bytes,
+    message_id,
+)
 from outbox.email.notice import notice_of
 from outbox.executor import ActionAttempt, Cancelled, Done, Failed, Result, Retry, Uncertain, WriteWindow
 from outbox.kinds import ActionKind
 from outbox.settings import Settings
 
 TlsMode = Literal["auto", "starttls", "implicit", "none"]
+# the longest readback_ref the adapter records
+READBACK_LIMIT = 500
+# names under these are never public host names (RFC 6761, RFC 6762 and common private uses)
+_PRIVATE_SUFFIXES = ("localhost", "localdomain", "local", "invalid", "test", "internal", "lan", "home")
 
 
 @dataclass(frozen=True)
@@ -54,10 +79,14 @@ class SmtpSettings:
     timeout_seconds: float = 30.0
     # a CA bundle (or a self-signed certificate) to trust besides the system's
     ca_file: Path | None = None
-    helo_name: str = "localhost"
+    # the name EHLO gives; None: derived (see the module's docstring and `default_helo_name`)
+    helo_name: str | None = None
 
     def __post_init__(self) -> None:
         check_address("smtp sender", self.sender)
+        check_display_name("smtp sender name", self.sender_name)
+        if self.helo_name is not None and not is_helo_name(self.helo_name):
+            raise ValueError("smtp helo name must be a host name or an address literal such as [192.0.2.1]")
         if not 0 < self.port < 65536:
             raise ValueError(f"smtp port must be 1-65535, not {self.port}")
 
@@ -73,6 +102,7 @@ class SmtpSettings:
             password=settings.smtp_password.get_secret_value() if settings.smtp_password else None,
             timeout_seconds=settings.smtp_timeout_seconds,
             ca_file=settings.smtp_ca_file,
+            helo_name=settings.smtp_helo_name or None,
         )
 
     @property
@@ -84,6 +114,47 @@ class SmtpSettings:
     @property
     def message_id_domain(self) -> str:
         return self.sender.rpartition("@")[2]
+
+
+def is_public_name(name: str) -> bool:
+    """A fully qualified host name a strict relay accepts in EHLO: two labels or more, no IP address,
+    nothing under localhost, .local or another private suffix."""
+    labels = name.lower().split(".")
+    return (
+        len(name) <= 253
+        and len(labels) >= 2
+        and all(HOST_LABEL.fullmatch(label) for label in labels)
+        and not labels[-1].isdigit()
+        and labels[-1] not in _PRIVATE_SUFFIXES
+    )
+
+
+def is_helo_name(name: str) -> bool:
+    """A host name (any, `localhost` included: it was chosen) or an address literal."""
+    if name.startswith("[") and name.endswith("]"):
+        literal, version = (name[6:-1], 6) if name[1:6].lower() == "ipv6:" else (name[1:-1], 4)
+        try:
+            return ipaddress.ip_address(literal).version == version
+        except ValueError:
+            return False
+    return len(name) <= 253 and all(HOST_LABEL.fullmatch(label) for label in name.split("."))
+
+
+def default_helo_name(sender_domain: str) -> str | None:
+    """The EHLO name when none is set: the sender's domain, else this machine's FQDN, when public; else None."""
+    if is_public_name(sender_domain):
+        return sender_domain
+    fqdn = socket.getfqdn()
+    return fqdn if is_public_name(fqdn) else None
+
+
+def address_literal(sockname: object) -> str:
+    """The EHLO address literal of a socket's own address: [192.0.2.1] or [IPv6:2001:db8::1]."""
+    host = str(sockname[0]) if isinstance(sockname, tuple) and sockname else "127.0.0.1"
+    address = ipaddress.ip_address(host.partition("%")[0])
+    if isinstance(address, ipaddress.IPv6Address):
+        return f"[{address.ipv4_mapped}]" if address.ipv4_mapped else f"[IPv6:{address.compressed}]"
+    return f"[{address}]"
 
 
 def _is_loopback(host: str) -> bool:
@@ -100,6 +171,8 @@ class EmailAdapter:
         self._engine = engine
         self.settings = settings
         self._sender = Recipient(settings.sender, settings.sender_name)
+        # None: the address literal of each connection's own end
+        self._helo_name = settings.helo_name or default_helo_name(settings.message_id_domain)
 
     @property
     def kind(self) -> ActionKind:
@@ -115,7 +188,12 @@ class EmailAdapter:
         if email is None:
             return Cancelled(f"the {notice.name} notice reaches nobody now")
         message_id_value = message_id(attempt.action.idempotency_key, self.settings.message_id_domain)
-        message = build_message(email, self._sender, message_id_value).as_bytes()
+        try:
+            message = message_bytes(build_message(email, self._sender, message_id_value, datetime.now(UTC)))
+        except InvalidEmail as invalid:
+            return Failed(f"the {notice.name} notice cannot be sent: {invalid.field} {invalid.message}")
+        except Exception as error:  # anything else the mail library refuses, before the fence: nothing was sent
+            return Failed(f"the {notice.name} notice cannot be written as a message ({type(error).__name__})")
         window = await attempt.fence().begin_write()
         return await self._send(window, email, message)
 
@@ -129,12 +207,15 @@ class EmailAdapter:
             start_tls=False,
             tls_context=self._tls_context() if tls != "none" else None,
             timeout=min(settings.timeout_seconds, max(window.remaining(), 0.001)),
-            local_hostname=settings.helo_name,
+            # replaced by the connection's address literal before EHLO when no name is known
+            local_hostname=self._helo_name or "[127.0.0.1]",
         )
         stage = "connect"
         try:
             async with asyncio.timeout_at(window.deadline):
                 await smtp.connect()
+                if self._helo_name is None:
+                    smtp.local_hostname = address_literal(smtp.get_transport_info("sockname"))
                 await smtp.ehlo()
                 if tls == "starttls":
                     stage = "starttls"
@@ -158,7 +239,7 @@ class EmailAdapter:
                 response = await smtp.data(message)
             with contextlib.suppress(aiosmtplib.SMTPException, OSError, TimeoutError):
                 await smtp.quit(timeout=1)
-            return Done(f"{response.code} {response.message}"[:500])
+            return Done(readback_ref(f"{response.code} {response.message}", refused, len(email.recipients)))
         except aiosmtplib.SMTPResponseException as reply:
             return classify_reply(stage, reply.code)
         except (aiosmtplib.SMTPException, OSError, TimeoutError) as error:
@@ -184,6 +265,14 @@ async def _recipients(smtp: aiosmtplib.SMTP, recipients: tuple[Recipient, ...]) 
         except aiosmtplib.SMTPRecipientRefused as reply:
             refused.append(reply.code)
     return refused
+
+
+def readback_ref(reply: str, refused: list[int], recipients: int) -> str:
+    """The relay's reply to DATA, then how many recipients RCPT refused and with which codes, if any."""
+    if not refused:
+        return reply[:READBACK_LIMIT]
+    note = f" | {len(refused)} of {recipients} recipients refused: {_codes(refused)}"
+    return (reply[: max(READBACK_LIMIT - len(note), 0)] + note)[:READBACK_LIMIT]
 
 
 def _codes(codes: list[int]) -> str:

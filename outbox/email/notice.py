@@ -63,7 +63,13 @@ class EmailNotice(ABC):
         return None
 
     def prepared(self, event: dict[str, Any], rows: Sequence[Mapping[str, Any]]) -> PreparedEmail | None:
-        recipients = tuple(Recipient(row["address"], row["display_name"] or "") for row in rows)
+        """The email for the rows the query found; None when no row names an address.
+
+        A row with a NULL or empty address is skipped and a repeated address is kept once (the first row's
+        display name wins); an invalid address or display name, or a subject or text the message cannot
+        carry, raises InvalidEmail.
+        """
+        recipients = PreparedEmail.recipients_of(rows)
         if not recipients:
             return None
         draft = self.compose(event, recipients)
@@ -113,6 +119,30 @@ def notice_of(payload: Any) -> tuple[EmailNotice, dict[str, Any]]:
     if not isinstance(payload, dict) or not isinstance(payload.get("event"), dict):
         raise InvalidRequest("payload", 'an EMAIL payload is {"notice": name, "event": {...}}')
     return notice_named(payload.get("notice")), payload["event"]
+
+
+def check_payload(payload: Any) -> None:
+    """The EMAIL kind's payload check at enqueue: `{"notice": name, "event": {...}}` and nothing else, the
+    notice registered in this process and its `params` accepting the event; InvalidRequest otherwise."""
+    if not isinstance(payload, dict):
+        shape = '{"notice": name, "event": {...}}'
+        raise InvalidRequest("payload", f"an EMAIL payload is {shape}, not a {type(payload).__name__}")
+    others = sorted(repr(key) for key in payload if key not in ("notice", "event"))
+    if others:
+        raise InvalidRequest("payload", f"an EMAIL payload holds only notice and event, not {', '.join(others[:3])}")
+    try:
+        notice = notice_named(payload.get("notice"))
+    except UnknownNotice as unknown:
+        raise InvalidRequest("payload.notice", str(unknown)) from None
+    event = payload.get("event")
+    if not isinstance(event, dict):
+        raise InvalidRequest("payload.event", f"must be an object of the {notice.name} notice's identifiers")
+    try:
+        notice.params(event)
+    except InvalidRequest as refused:
+        raise InvalidRequest("payload.event", refused.message) from None
+    except (LookupError, TypeError, ValueError) as error:
+        raise InvalidRequest("payload.event", f"the {notice.name} notice cannot read it: {error!r}") from None
 
 
 def _refuse_nobody(notice: EmailNotice) -> InvalidRequest:

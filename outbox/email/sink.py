@@ -1,6 +1,6 @@
 """SmtpSink: a local SMTP server (aiosmtpd, 127.0.0.1) that keeps what it receives and fails on request.
 
-    relay faults (per stage) ──▶ aiosmtpd handler ──▶ Received (envelope, Message-ID, data) kept in memory
+    relay faults (per stage) ──▶ aiosmtpd handler ──▶ Received (envelope, EHLO name, Message-ID, data) kept in memory
 
 Tests inject one fault per stage (a reply to MAIL, RCPT or DATA, a login refusal, a drop or a stall after
 DATA); the demo sets `flaky` to fail a share of deliveries the way real relays do. A message is kept
@@ -53,6 +53,8 @@ class Received:
     received_at: float = 0.0
     # the client's address and port
     peer: tuple[str, int] | None = None
+    # the name the client gave in EHLO (or HELO)
+    helo_name: str | None = None
 
 
 class _Handler:
@@ -147,6 +149,7 @@ class SmtpSink:
             mail_at=float(getattr(envelope, "mail_at", received_at)),
             received_at=received_at,
             peer=_peer(session),
+            helo_name=getattr(session, "host_name", None),
         )
         with self._lock:
             self.received.append(received)
