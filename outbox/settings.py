@@ -15,6 +15,12 @@ class Settings(BaseSettings):
     # SQLAlchemy URL of the outbox database (the flows read it here; the commands take it as --database-url,
     # which reads the same variable); unset, every command but `outbox demo` refuses to start
     database_url: str | None = None
+    # seconds to wait for a connection to the database, and for one statement (0: no limit); the commands
+    # read OUTBOX_CONNECT_TIMEOUT_SECONDS and OUTBOX_STATEMENT_TIMEOUT_SECONDS themselves, as their options
+    # --connect-timeout and --statement-timeout, without loading this object; code that builds its engines
+    # from these settings passes both to `outbox.db.sync_engine` / `async_engine` (seconds, None for 0)
+    connect_timeout_seconds: float = 10.0
+    statement_timeout_seconds: float = 30.0
     # where `outbox demo` keeps its embedded PostgreSQL, data and logs when it is given no database
     data_dir: Path = Path(".outbox")
 
@@ -26,6 +32,9 @@ class Settings(BaseSettings):
     smtp_port: int = 8025
     smtp_sender: str = "outbox@localhost"
     smtp_sender_name: str = "outbox"
+    # the name EHLO gives the relay; unset: the sender's domain, else this machine's FQDN (when either is a
+    # public host name), else the address literal of the connection's own end; never localhost unless set
+    smtp_helo_name: str | None = None
     smtp_tls: Literal["auto", "starttls", "implicit", "none"] = "auto"
     smtp_username: str | None = None
     smtp_password: SecretStr | None = None
