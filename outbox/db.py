@@ -1,38 +1,106 @@
 """Database engines: the sync and async SQLAlchemy engines on one URL, and the embedded PostgreSQL.
 
 Every URL is normalised to the psycopg 3 driver (`postgresql+psycopg://`), which serves both the
-sync engine (enqueue, CLI, migrations) and the async one (the executor).
+sync engine (enqueue, CLI, migrations) and the async one (the executor). Every engine gives up connecting
+after `connect_timeout` seconds (10 by default; the driver alone would wait over two minutes for a host
+that accepts the connection and never answers) and, when given one, cancels a statement that runs longer
+than `statement_timeout` seconds (none by default: a library caller bounds its own work; the `outbox`
+commands pass 30 s). Both travel in the engine's URL, so a connection made from `engine.url` has them too.
+A URL is shown only as `shown_url` renders it: its password as ***.
 """
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Engine, create_engine
+from sqlalchemy import URL, Engine, create_engine
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
+
+from outbox.errors import OutboxError
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
 
+# seconds an engine waits for a connection; libpq waits at least 2 s
+CONNECT_TIMEOUT_SECONDS = 10.0
+_MIN_CONNECT_TIMEOUT = 2
+
+
+class InvalidDatabaseUrl(OutboxError, ValueError):
+    """The database URL cannot be read, or names another database than PostgreSQL; the message never
+    holds the password."""
+
+
+def shown_url(url: URL) -> str:
+    """`url` as it may be printed or logged: the password (in its place or as a parameter) as ***."""
+    if "password" in url.query:
+        url = url.update_query_dict({"password": "***"})
+    return url.render_as_string(hide_password=True).replace("password=%2A%2A%2A", "password=***")
+
+
+def _parse(url: str) -> URL:
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        raise InvalidDatabaseUrl(
+            "the database URL is not a URL; write postgresql://user:password@host:port/database"
+        ) from None
+    except ValueError:  # a port that is not a number, a host that cannot be read
+        raise InvalidDatabaseUrl(
+            "the database URL's host or port cannot be read; write postgresql://user:password@host:port/database"
+        ) from None
+    backend = parsed.get_backend_name()
+    if backend not in ("postgresql", "postgres"):
+        raise InvalidDatabaseUrl(f"outbox needs PostgreSQL, not {backend!r} ({shown_url(parsed)})")
+    if parsed.port is not None and not 1 <= parsed.port <= 65_535:
+        raise InvalidDatabaseUrl(f"the database URL's port must be between 1 and 65535, not {parsed.port}")
+    return parsed.set(drivername="postgresql+psycopg")
+
 
 def psycopg_url(url: str) -> str:
-    """The same database, through psycopg 3."""
-    parsed = make_url(url)
-    if parsed.get_backend_name() != "postgresql":
-        shown = parsed.render_as_string(hide_password=True)
-        raise ValueError(f"outbox needs PostgreSQL, not {parsed.get_backend_name()!r} ({shown})")
-    return parsed.set(drivername="postgresql+psycopg").render_as_string(hide_password=False)
+    """The same database, through psycopg 3 (`postgres://` is read as `postgresql://`)."""
+    return _parse(url).render_as_string(hide_password=False)
 
 
-def sync_engine(url: str, **options: Any) -> Engine:
-    return create_engine(psycopg_url(url), **options)
+def engine_url(url: str, *, connect_timeout: float | None, statement_timeout: float | None) -> URL:
+    """The psycopg URL with the two timeouts (seconds; None leaves the URL's own or the server's)."""
+    parsed = _parse(url)
+    query: dict[str, str] = {}
+    if connect_timeout is not None:
+        query["connect_timeout"] = str(max(_MIN_CONNECT_TIMEOUT, math.ceil(connect_timeout)))
+    if statement_timeout is not None:
+        given = parsed.query.get("options", ())
+        # the long form has no space, so the option survives the URL's rendering as a libpq URI
+        ours = f"--statement_timeout={max(1, round(statement_timeout * 1000))}"
+        query["options"] = " ".join([*([given] if isinstance(given, str) else given), ours])
+    return parsed.update_query_dict(query)
 
 
-def async_engine(url: str, **options: Any) -> AsyncEngine:
+def sync_engine(
+    url: str,
+    *,
+    connect_timeout: float | None = CONNECT_TIMEOUT_SECONDS,
+    statement_timeout: float | None = None,
+    **options: Any,
+) -> Engine:
+    bound = engine_url(url, connect_timeout=connect_timeout, statement_timeout=statement_timeout)
+    return create_engine(bound, **options)
+
+
+def async_engine(
+    url: str,
+    *,
+    connect_timeout: float | None = CONNECT_TIMEOUT_SECONDS,
+    statement_timeout: float | None = None,
+    **options: Any,
+) -> AsyncEngine:
     from sqlalchemy.ext.asyncio import create_async_engine  # loaded by the executor, not by the operator commands
 
-    return create_async_engine(psycopg_url(url), **options)
+    bound = engine_url(url, connect_timeout=connect_timeout, statement_timeout=statement_timeout)
+    return create_async_engine(bound, **options)
 
 
 def start_embedded_postgres(data_dir: Path) -> str:

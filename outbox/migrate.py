@@ -53,10 +53,8 @@ CREATE TABLE {VERSION_TABLE} (
     text(f"INSERT INTO {VERSION_TABLE} SELECT version_num FROM alembic_version"),
     text("DROP TABLE alembic_version"),
 )
-UNENDED_ACTIONS = text(
-    "SELECT CASE WHEN to_regclass('agent_action') IS NULL THEN 0"
-    " ELSE (SELECT count(*) FROM agent_action WHERE ended_at IS NULL) END"
-)
+STORE_EXISTS = text("SELECT to_regclass('agent_action') IS NOT NULL")
+UNENDED_ACTIONS = text("SELECT count(*) FROM agent_action WHERE ended_at IS NULL")
 
 
 class MigrationRefused(OutboxError):
@@ -110,7 +108,8 @@ def upgrade_sql(revisions: str = "base:head") -> str:
 def downgrade(connection: Connection, revision: str = "base", *, force: bool = False) -> None:
     """Migrate down to `revision`; `base` removes every object outbox created. Refused while actions
     have not ended (they would be lost, or their revision's objects with them), unless `force`."""
-    unended = int(connection.execute(UNENDED_ACTIONS).scalar_one())
+    store = connection.execute(STORE_EXISTS).scalar_one()  # a statement on a missing table fails when planned
+    unended = int(connection.execute(UNENDED_ACTIONS).scalar_one()) if store else 0
     if unended and not force:
         raise MigrationRefused(
             f"{unended:,} actions have not ended; a downgrade could lose them or what they need."

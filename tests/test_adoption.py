@@ -240,7 +240,7 @@ def test_a_command_with_no_database_says_so_in_one_line(args: list[str], tmp_pat
 @pytest.mark.parametrize("args", [["status"], ["lanes"], ["show", "1"], ["list"], ["cancel", "1"], ["purge"], ["run"]])
 def test_a_database_never_migrated_gets_one_line(args: list[str], empty_database_url: str) -> None:
     done = outbox_command(*args, database_url=empty_database_url)
-    assert done.returncode == 2 and "run `outbox db upgrade`" in one_line(done)
+    assert done.returncode == 1 and "run `outbox db upgrade`" in one_line(done)
 
 
 def test_the_option_wins_over_the_variable(database_url: str, empty_database_url: str) -> None:

@@ -2,22 +2,38 @@
 
 Each command module imports only typer at its top and loads what it needs when it runs, so `outbox --help`
 starts at once and `outbox status` loads the database layer but never Alembic, the executor or the demo.
-`main` turns every error outbox raises on purpose, every usage error (a bad option, a missing argument)
-and a database that cannot be reached into one line on stderr and exit code 2, so scripts see a clear
-failure and no traceback.
+`main` turns every failure into one line on stderr (one JSON object with `--json`) and an exit code a
+script can act on:
+
+    2  bad input: a usage error, a bad value, an unknown id or state, a refused change, no database given
+    1  the database: it cannot be reached (or not in time), refuses the role, or its outbox schema is
+       missing or behind
+
+A password of the database URL (from `--database-url` or `OUTBOX_DATABASE_URL`) never reaches the line.
+Any other error is a fault of outbox's own and keeps its traceback.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import sys
+from typing import NoReturn
 
 import typer
 from typer.exceptions import TyperException
 
 from outbox.cli import changes, db, demo, metrics, ops, run
+from outbox.cli.options import hide_passwords, printable, remember_passwords
 from outbox.errors import OutboxError
 
-app = typer.Typer(no_args_is_help=True, add_completion=False, help="Carry out effects reliably from PostgreSQL.")
+# a traceback (a fault of outbox's own) never shows local values: a URL and its password are among them
+app = typer.Typer(
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_show_locals=False,
+    help="Carry out effects reliably from PostgreSQL.",
+)
 app.add_typer(db.app, name="db")
 app.add_typer(metrics.app, name="metrics")
 app.command("demo")(demo.demo)
@@ -33,29 +49,40 @@ app.command("erase-account")(changes.erase_account)
 app.command("purge")(changes.purge)
 
 
-def _one_line(error: Exception) -> str | None:
-    """The error as the line the operator reads, or None for a fault of outbox's own (a traceback)."""
-    if isinstance(error, OutboxError | ValueError):
-        return str(error)
-    database_errors = sys.modules.get("sqlalchemy.exc")  # loaded only by a command that used the database
-    if database_errors is not None and isinstance(error, database_errors.OperationalError):
-        return f"cannot reach the database: {error.orig}"
+def _failure(error: Exception) -> tuple[int, str] | None:
+    """The exit code and line for `error`, or None for a fault of outbox's own (a traceback)."""
+    if isinstance(error, TyperException):  # a usage error, a value the command line cannot take
+        return 2, error.format_message()
+    if isinstance(error, OutboxError):
+        return getattr(error, "exit_code", 2), str(error)
+    if "sqlalchemy.exc" in sys.modules or "psycopg" in sys.modules:  # only a command that used the database
+        from outbox.cli.common import database_failure
+
+        failure = database_failure(error)
+        if failure is not None:
+            return failure
+    if isinstance(error, ValueError):
+        return 2, str(error)
     return None
 
 
+def _report(code: int, message: str) -> NoReturn:
+    message = hide_passwords(message)
+    if "--json" in sys.argv[1:]:
+        typer.echo(json.dumps({"error": message, "exit_code": code}, ensure_ascii=True), err=True)
+    elif message:  # empty after `outbox` alone: typer printed the help
+        typer.echo(f"error: {printable(message)}", err=True)
+    sys.exit(code)
+
+
 def main() -> None:
+    remember_passwords(sys.argv[1:], os.environ)
     try:
         code = app(standalone_mode=False)  # usage errors come here instead of as typer's boxed report
-    except TyperException as error:
-        message = error.format_message()
-        if message:  # empty after `outbox` alone: typer printed the help
-            typer.echo(f"error: {message}", err=True)
-        sys.exit(2)
     except Exception as error:
-        line = _one_line(error)
-        if line is None:
+        failure = _failure(error)
+        if failure is None:
             raise
-        typer.echo(f"error: {line}", err=True)
-        sys.exit(2)
+        _report(*failure)
     if isinstance(code, int) and code:
         sys.exit(code)

@@ -11,59 +11,89 @@ from typing import Literal
 
 import typer
 
-from outbox.cli.options import DATABASE_URL_OPTION, JSON_OPTION, required
+from outbox.cli.options import (
+    CONNECT_TIMEOUT_OPTION,
+    DATABASE_URL_OPTION,
+    ID_ARGUMENT,
+    JSON_OPTION,
+    MAX_BIGINT,
+    STATEMENT_TIMEOUT_OPTION,
+    Database,
+    database,
+    duration,
+    parse_duration,
+    printable,
+)
 from outbox.limits import PURGE_BATCH_SIZE
 
-ID_ARGUMENT = typer.Argument(..., metavar="ID", help="The action's id.")
+# rows per purge batch: each batch is one transaction and holds its row locks until it commits
+MAX_PURGE_BATCH_SIZE = 100_000
 
 
-def _decide(
-    decision: Literal["admit", "refuse", "cancel"], action_id: int, json_output: bool, database_url: str | None
-) -> None:
+def _decide(decision: Literal["admit", "refuse", "cancel"], action_id: int, json_output: bool, db: Database) -> None:
     """`decision` names the library function: admit, refuse or cancel."""
     import outbox
     from outbox.cli.common import connect, out, print_json
 
-    with connect(required(database_url)) as conn:
+    with connect(db) as conn:
         action = getattr(outbox, decision)(conn, action_id)
     if json_output:
         print_json(action)
     else:
-        reason = f" ({action.stop_reason})" if action.stop_reason else ""
-        out.print(f"action {action.id} is {action.state}{reason}")
+        reason = f" ({printable(action.stop_reason)})" if action.stop_reason else ""
+        out.print(f"action {action.id} is {printable(action.state)}{reason}")
 
 
 def admit(
-    action_id: int = ID_ARGUMENT, json_output: bool = JSON_OPTION, database_url: str | None = DATABASE_URL_OPTION
+    action_id: int = ID_ARGUMENT,
+    json_output: bool = JSON_OPTION,
+    database_url: str | None = DATABASE_URL_OPTION,
+    connect_timeout: int = CONNECT_TIMEOUT_OPTION,
+    statement_timeout: float = STATEMENT_TIMEOUT_OPTION,
 ) -> None:
     """Admit a PROPOSED action: it waits its turn in its lane."""
-    _decide("admit", action_id, json_output, database_url)
+    db = database(database_url, connect_timeout, statement_timeout)
+    _decide("admit", action_id, json_output, db)
 
 
 def refuse(
-    action_id: int = ID_ARGUMENT, json_output: bool = JSON_OPTION, database_url: str | None = DATABASE_URL_OPTION
+    action_id: int = ID_ARGUMENT,
+    json_output: bool = JSON_OPTION,
+    database_url: str | None = DATABASE_URL_OPTION,
+    connect_timeout: int = CONNECT_TIMEOUT_OPTION,
+    statement_timeout: float = STATEMENT_TIMEOUT_OPTION,
 ) -> None:
     """Refuse a PROPOSED action: it ends CANCELLED (PROPOSAL_REFUSED)."""
-    _decide("refuse", action_id, json_output, database_url)
+    db = database(database_url, connect_timeout, statement_timeout)
+    _decide("refuse", action_id, json_output, db)
 
 
 def cancel(
-    action_id: int = ID_ARGUMENT, json_output: bool = JSON_OPTION, database_url: str | None = DATABASE_URL_OPTION
+    action_id: int = ID_ARGUMENT,
+    json_output: bool = JSON_OPTION,
+    database_url: str | None = DATABASE_URL_OPTION,
+    connect_timeout: int = CONNECT_TIMEOUT_OPTION,
+    statement_timeout: float = STATEMENT_TIMEOUT_OPTION,
 ) -> None:
     """Cancel an action that has not started (PROPOSED or ADMITTED): it ends CANCELLED (OPERATOR_CANCELLED)."""
-    _decide("cancel", action_id, json_output, database_url)
+    db = database(database_url, connect_timeout, statement_timeout)
+    _decide("cancel", action_id, json_output, db)
 
 
 def erase_account(
-    account_id: int = typer.Argument(..., metavar="ACCOUNT_ID", help="The erased account's id."),
+    account_id: int = typer.Argument(..., metavar="ACCOUNT_ID", min=1, max=MAX_BIGINT, help="The erased account's id."),
     json_output: bool = JSON_OPTION,
     database_url: str | None = DATABASE_URL_OPTION,
+    connect_timeout: int = CONNECT_TIMEOUT_OPTION,
+    statement_timeout: float = STATEMENT_TIMEOUT_OPTION,
 ) -> None:
     """Delete every action whose subject is the account, in every state; a write past its fence still happens."""
+    db = database(database_url, connect_timeout, statement_timeout)
+
     import outbox
     from outbox.cli.common import connect, out, print_json
 
-    with connect(required(database_url)) as conn:
+    with connect(db) as conn:
         erased = outbox.erase_account(conn, account_id)
     if json_output:
         print_json({"account_id": account_id, "erased": erased})
@@ -72,29 +102,37 @@ def erase_account(
 
 
 def purge(
-    older_than: str = typer.Option("30d", help="Delete actions that ended longer ago than this: 30d, 24h, 15m, 90s."),
-    batch_size: int = typer.Option(PURGE_BATCH_SIZE, help="Rows per batch, each its own transaction."),
+    older_than: str = typer.Option(
+        "30d",
+        callback=duration("--older-than"),
+        help="Delete actions that ended longer ago than this: 30d, 24h, 15m, 90s (at most 36500d).",
+    ),
+    batch_size: int = typer.Option(
+        PURGE_BATCH_SIZE, min=1, max=MAX_PURGE_BATCH_SIZE, help="Rows per batch, each its own transaction."
+    ),
     dry_run: bool = typer.Option(False, "--dry-run", help="Count what would go; delete nothing."),
     json_output: bool = JSON_OPTION,
     database_url: str | None = DATABASE_URL_OPTION,
+    connect_timeout: int = CONNECT_TIMEOUT_OPTION,
+    statement_timeout: float = STATEMENT_TIMEOUT_OPTION,
 ) -> None:
     """Delete ended actions older than the retention window, in short batches (safe on several replicas)."""
-    from outbox import retention
-    from outbox.cli.common import connect, migrated_engine, out, parse_duration, print_json
+    db = database(database_url, connect_timeout, statement_timeout)
 
-    url = required(database_url)
+    from outbox import retention
+    from outbox.cli.common import connect, migrated_engine, out, print_json
+
     window = parse_duration("--older-than", older_than)
-    if batch_size < 1:
-        raise ValueError(f"--batch-size must be at least 1, not {batch_size}")
+    shown = older_than.strip()
     if dry_run:
-        with connect(url, read_only=True) as conn:
+        with connect(db, read_only=True) as conn:
             count = retention.count_purgeable(conn, window)
         if json_output:
             print_json({"older_than_seconds": window.total_seconds(), "would_delete": count})
         else:
-            out.print(f"would delete {count:,} actions that ended more than {older_than} ago")
+            out.print(f"would delete {count:,} actions that ended more than {shown} ago")
         return
-    engine = migrated_engine(url)
+    engine = migrated_engine(db)
     try:
         started = time.perf_counter()
         deleted = retention.purge_ended(engine, window, batch_size)
@@ -104,4 +142,4 @@ def purge(
     if json_output:
         print_json({"older_than_seconds": window.total_seconds(), "deleted": deleted, "seconds": round(seconds, 3)})
     else:
-        out.print(f"deleted {deleted:,} actions that ended more than {older_than} ago in {seconds:.1f} s")
+        out.print(f"deleted {deleted:,} actions that ended more than {shown} ago in {seconds:.1f} s")

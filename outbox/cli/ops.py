@@ -1,7 +1,8 @@
 """`outbox status|lanes|show|list`: what the outbox holds, read in one snapshot, as tables or `--json`.
 
 Each command reads through `outbox.ops` (index-backed queries in `store_ops`), so it answers in
-milliseconds on a table of millions of ended rows; nothing here writes.
+milliseconds on a table of millions of ended rows; nothing here writes. Every value from the database is
+printed through `common.printable`.
 """
 
 from __future__ import annotations
@@ -11,21 +12,39 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from outbox.cli.options import DATABASE_URL_OPTION, JSON_OPTION, required
+from outbox.cli.options import (
+    CONNECT_TIMEOUT_OPTION,
+    DATABASE_URL_OPTION,
+    ID_ARGUMENT,
+    JSON_OPTION,
+    MAX_BIGINT,
+    STATEMENT_TIMEOUT_OPTION,
+    database,
+    duration,
+    parse_duration,
+    printable,
+)
 from outbox.limits import MAX_PAGE
 
 if TYPE_CHECKING:
     from outbox.action import Action
 
 
-def status(json_output: bool = JSON_OPTION, database_url: str | None = DATABASE_URL_OPTION) -> None:
+def status(
+    json_output: bool = JSON_OPTION,
+    database_url: str | None = DATABASE_URL_OPTION,
+    connect_timeout: int = CONNECT_TIMEOUT_OPTION,
+    statement_timeout: float = STATEMENT_TIMEOUT_OPTION,
+) -> None:
     """Unended actions by state and kind, the oldest due action, lanes, leases, UNCERTAIN in the last 24 h."""
+    db = database(database_url, connect_timeout, statement_timeout)
+
     from rich.table import Table
 
     from outbox import ops
     from outbox.cli.common import connect, format_age, out, print_json
 
-    with connect(required(database_url), read_only=True) as conn:
+    with connect(db, read_only=True) as conn:
         report = ops.status(conn)
     if json_output:
         print_json(report)
@@ -34,7 +53,7 @@ def status(json_output: bool = JSON_OPTION, database_url: str | None = DATABASE_
     for column in ("state", "kind", "actions"):
         table.add_column(column, justify="right" if column == "actions" else "left")
     for count in report.unended:
-        table.add_row(count.state, count.kind, f"{count.actions:,}")
+        table.add_row(printable(count.state), printable(count.kind), f"{count.actions:,}")
     out.print(table)
     out.print(f"due: {report.due:,} ADMITTED and due, the oldest due for {format_age(report.oldest_due_seconds)}")
     out.print(
@@ -54,22 +73,26 @@ def status(json_output: bool = JSON_OPTION, database_url: str | None = DATABASE_
     for column in ("kind", "stop reason", "actions"):
         table.add_column(column, justify="right" if column == "actions" else "left")
     for recent in report.uncertain:
-        table.add_row(recent.kind, recent.stop_reason, f"{recent.actions:,}")
+        table.add_row(printable(recent.kind), printable(recent.stop_reason), f"{recent.actions:,}")
     out.print(table)
 
 
 def lanes(
-    top: int = typer.Option(10, help="How many lanes in each list."),
+    top: int = typer.Option(10, min=1, max=MAX_PAGE, help="How many lanes in each list."),
     json_output: bool = JSON_OPTION,
     database_url: str | None = DATABASE_URL_OPTION,
+    connect_timeout: int = CONNECT_TIMEOUT_OPTION,
+    statement_timeout: float = STATEMENT_TIMEOUT_OPTION,
 ) -> None:
     """The deepest lanes (most actions not started) and the oldest (whose head came first)."""
+    db = database(database_url, connect_timeout, statement_timeout)
+
     from rich.table import Table
 
     from outbox import ops
     from outbox.cli.common import connect, format_age, out, print_json
 
-    with connect(required(database_url), read_only=True) as conn:
+    with connect(db, read_only=True) as conn:
         report = ops.lanes(conn, top)
     if json_output:
         print_json(report)
@@ -80,10 +103,10 @@ def lanes(
             table.add_column(column, justify="right" if column in ("depth", "head id") else "left")
         for lane in rows:
             table.add_row(
-                lane.lane_key,
+                printable(lane.lane_key),
                 f"{lane.depth:,}",
                 str(lane.head_id),
-                lane.head_state,
+                printable(lane.head_state),
                 format_age(lane.head_age_seconds),
                 "yes" if lane.executing else "",
             )
@@ -91,24 +114,28 @@ def lanes(
 
 
 def show(
-    action_id: int = typer.Argument(..., metavar="ID", help="The action's id."),
+    action_id: int = ID_ARGUMENT,
     json_output: bool = JSON_OPTION,
     database_url: str | None = DATABASE_URL_OPTION,
+    connect_timeout: int = CONNECT_TIMEOUT_OPTION,
+    statement_timeout: float = STATEMENT_TIMEOUT_OPTION,
 ) -> None:
     """One action in full; its payload only while it has one (an ended action keeps none)."""
+    db = database(database_url, connect_timeout, statement_timeout)
+
     from rich.table import Table
 
     from outbox import ops
     from outbox.cli.common import connect, out, print_json
 
-    with connect(required(database_url), read_only=True) as conn:
+    with connect(db, read_only=True) as conn:
         action = ops.get_action(conn, action_id)
     if json_output:
         print_json(action)
         return
     table = Table(title=f"action {action.id}", show_header=False)
     for field, value in _fields(action):
-        table.add_row(field, value)
+        table.add_row(field, printable(value))
     out.print(table)
 
 
@@ -144,21 +171,29 @@ def _fields(action: Action) -> list[tuple[str, str]]:
 def list_(
     state: str | None = typer.Option(None, help="Only this state (PROPOSED, ADMITTED, EXECUTING, DONE, ...)."),
     kind: str | None = typer.Option(None, help="Only this kind."),
-    since: str = typer.Option("24h", help="Created within this long: 30d, 24h, 15m, 90s."),
-    limit: int = typer.Option(50, help=f"Actions per page (at most {MAX_PAGE})."),
-    before_id: int | None = typer.Option(None, help="The next page: the last id of the page before."),
+    since: str = typer.Option(
+        "24h", callback=duration("--since"), help="Created within this long: 30d, 24h, 15m, 90s (at most 36500d)."
+    ),
+    limit: int = typer.Option(50, min=1, max=MAX_PAGE, help="Actions per page."),
+    before_id: int | None = typer.Option(
+        None, min=1, max=MAX_BIGINT, help="The next page: the last id of the page before."
+    ),
     json_output: bool = JSON_OPTION,
     database_url: str | None = DATABASE_URL_OPTION,
+    connect_timeout: int = CONNECT_TIMEOUT_OPTION,
+    statement_timeout: float = STATEMENT_TIMEOUT_OPTION,
 ) -> None:
     """Actions newest first, paged by id."""
+    db = database(database_url, connect_timeout, statement_timeout)
+
     from rich.table import Table
 
     from outbox import ops
-    from outbox.cli.common import connect, out, parse_duration, parse_state, print_json, utc
+    from outbox.cli.common import connect, out, parse_state, print_json, utc
 
     window = parse_duration("--since", since)
     wanted_state = parse_state(state) if state is not None else None
-    with connect(required(database_url), read_only=True) as conn:
+    with connect(db, read_only=True) as conn:
         page = ops.list_actions(
             conn,
             since=window,
@@ -170,17 +205,17 @@ def list_(
     if json_output:
         print_json(page)
         return
-    table = Table(title=f"actions created in the last {since}, newest first")
+    table = Table(title=f"actions created in the last {since.strip()}, newest first")
     for column in ("id", "created (UTC)", "state", "stop reason", "kind", "lane", "attempts"):
         table.add_column(column, no_wrap=column in ("id", "created (UTC)"), overflow="fold")
     for action in page.actions:
         table.add_row(
             str(action.id),
             utc(action.created_at),
-            action.state,
-            action.stop_reason or "",
-            action.kind,
-            action.lane_key,
+            printable(action.state),
+            printable(action.stop_reason or ""),
+            printable(action.kind),
+            printable(action.lane_key),
             f"{action.attempt}/{action.max_attempts}",
         )
     out.print(table)

@@ -1,14 +1,50 @@
-"""The options every command shares, and the rule that a command never guesses its database.
+"""The options every command shares, their bounds, and the rule that a command never guesses its database.
 
-This module imports only typer: the `outbox` command builds its help from the command signatures alone,
-and each command loads the database layer, Alembic or the executor in its own body, when it runs.
+This module imports only typer (and the standard library): the `outbox` command builds its help from the
+command signatures alone, and each command loads the database layer, Alembic or the executor in its own
+body, when it runs. Values are checked here, while the command line is read, so a bad value is one line
+(exit 2) before anything connects.
+
+The two timeouts are read here, from `--connect-timeout`/`OUTBOX_CONNECT_TIMEOUT_SECONDS` and
+`--statement-timeout`/`OUTBOX_STATEMENT_TIMEOUT_SECONDS`, never through `outbox.settings` (which loads
+pydantic): `outbox status` stays light.
+
+What reaches the terminal is here too, for every command and for `main`'s one error line alike:
+`printable` escapes the control characters of a value, and `hide_passwords` replaces the password of the
+database URL the operator gave (as written or decoded, in its place or as a parameter) with ***.
 """
 
 from __future__ import annotations
 
+import math
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from urllib.parse import unquote
+
 import typer
 
 from outbox.errors import OutboxError
+
+# PostgreSQL bigint: ids, account ids, counts
+MAX_BIGINT = 2**63 - 1
+# a duration or a number of seconds: at most 100 years (and a timedelta the database clock can take)
+MAX_DAYS = 36_500
+MAX_SECONDS = MAX_DAYS * 86_400
+# libpq waits at least 2 s (it reads 1 as 2); an hour is more than any connection needs
+CONNECT_TIMEOUT_SECONDS = 10
+MIN_CONNECT_TIMEOUT, MAX_CONNECT_TIMEOUT = 2, 3_600
+STATEMENT_TIMEOUT_SECONDS = 30.0
+MAX_STATEMENT_TIMEOUT = 86_400.0
+
+
+def finite(value: float | None) -> float | None:
+    """A typer callback: refuse nan and infinity (a range check lets nan through)."""
+    if value is not None and not math.isfinite(value):
+        raise typer.BadParameter(f"{value} is not a finite number")
+    return value
+
 
 DATABASE_URL_OPTION = typer.Option(
     None,
@@ -17,7 +53,37 @@ DATABASE_URL_OPTION = typer.Option(
     show_envvar=True,
     help="URL of the outbox database (postgresql://user:password@host/db).",
 )
+CONNECT_TIMEOUT_OPTION = typer.Option(
+    CONNECT_TIMEOUT_SECONDS,
+    "--connect-timeout",
+    envvar="OUTBOX_CONNECT_TIMEOUT_SECONDS",
+    show_envvar=True,
+    min=MIN_CONNECT_TIMEOUT,
+    max=MAX_CONNECT_TIMEOUT,
+    help="Give up connecting to the database after this many seconds.",
+)
+STATEMENT_TIMEOUT_OPTION = typer.Option(
+    STATEMENT_TIMEOUT_SECONDS,
+    "--statement-timeout",
+    envvar="OUTBOX_STATEMENT_TIMEOUT_SECONDS",
+    show_envvar=True,
+    min=0,
+    max=MAX_STATEMENT_TIMEOUT,
+    callback=finite,
+    help="Cancel a statement that runs longer than this many seconds (0: no limit).",
+)
+# a migration's index build on a large table takes its time, and a second upgrade waits for the first:
+# no limit unless one is given here (the variable of the other commands does not apply)
+MIGRATION_STATEMENT_TIMEOUT_OPTION = typer.Option(
+    0.0,
+    "--statement-timeout",
+    min=0,
+    max=MAX_STATEMENT_TIMEOUT,
+    callback=finite,
+    help="Cancel a statement of the migration that runs longer than this many seconds (0: no limit).",
+)
 JSON_OPTION = typer.Option(False, "--json", help="Print JSON for scripts instead of tables.")
+ID_ARGUMENT = typer.Argument(..., metavar="ID", min=1, max=MAX_BIGINT, help="The action's id.")
 
 
 class NoDatabase(OutboxError):
@@ -30,3 +96,105 @@ def required(database_url: str | None) -> str:
     if not database_url or not database_url.strip():
         raise NoDatabase()
     return database_url.strip()
+
+
+@dataclass(frozen=True)
+class Database:
+    """The database a command works on, and how long it waits for it."""
+
+    url: str
+    connect_timeout: int
+    # seconds; None: no limit
+    statement_timeout: float | None
+
+
+def database(database_url: str | None, connect_timeout: int, statement_timeout: float) -> Database:
+    return Database(required(database_url), connect_timeout, statement_timeout or None)
+
+
+# ---- durations ---------------------------------------------------------------------------------------
+
+_DURATION = re.compile(r"([0-9]{1,12})([smhd])")
+_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3_600, "d": 86_400}
+
+
+def parse_duration(option: str, value: str) -> timedelta:
+    """`30d`, `24h`, `15m`, `90s`: a whole number and one unit, at most 100 years."""
+    match = _DURATION.fullmatch(value.strip())
+    if match is None:
+        raise ValueError(f"{option}: {value!r} is not a duration; write a whole number and s, m, h or d (30d, 24h)")
+    seconds = int(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+    if seconds > MAX_SECONDS:
+        raise ValueError(f"{option}: {value!r} is more than 100 years ({MAX_DAYS}d)")
+    return timedelta(seconds=seconds)
+
+
+def duration(option: str) -> Callable[[str], str]:
+    """A typer callback that checks the duration option `option` while the command line is read."""
+
+    def check(value: str) -> str:
+        parse_duration(option, value)  # a ValueError naming the option: one line, exit 2
+        return value
+
+    return check
+
+
+# ---- what reaches the terminal -----------------------------------------------------------------------
+
+# C0 controls, DEL, C1 controls, the line and paragraph separators, and the bidirectional controls
+_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _escape(match: re.Match[str]) -> str:
+    char = match.group()
+    code = ord(char)
+    return _NAMED.get(char) or (f"\\x{code:02x}" if code <= 0xFF else f"\\u{code:04x}")
+
+
+def printable(value: object) -> str:
+    """`value` as text a terminal shows and never obeys: control characters escaped (\\x1b, \\n, \\u2028)."""
+    return _UNSAFE.sub(_escape, str(value))
+
+
+# ---- passwords never printed -------------------------------------------------------------------------
+
+_secrets: set[str] = set()
+# shorter passwords are not looked for in what is printed (replacing them would garble every line)
+MIN_SECRET_LENGTH = 4
+
+
+def passwords_in(url: str) -> set[str]:
+    """Every string that may be the password of `url`, as written and decoded, however it parses."""
+    rest = url.partition("://")[2] or url
+    found: set[str] = set()
+    for end in (rest.find("@"), rest.rfind("@")):
+        if end > 0:
+            found.add(rest[:end].partition(":")[2])
+    _, _, query = rest.partition("?")
+    for pair in query.split("&"):
+        name, _, value = pair.partition("=")
+        if unquote(name).strip().lower() == "password":
+            found.add(value)
+    found |= {unquote(secret) for secret in found} | {unquote(secret.replace("+", " ")) for secret in found}
+    return {secret for secret in found if len(secret) >= MIN_SECRET_LENGTH}
+
+
+def remember_passwords(argv: Sequence[str], environ: Mapping[str, str]) -> None:
+    """Note the passwords of the database URLs on the command line and in the environment."""
+    urls: list[str] = [environ.get("OUTBOX_DATABASE_URL", "")]
+    for index, arg in enumerate(argv):
+        if arg == "--database-url" and index + 1 < len(argv):
+            urls.append(argv[index + 1])
+        elif arg.startswith("--database-url="):
+            urls.append(arg.partition("=")[2])
+    _secrets.clear()
+    for url in urls:
+        _secrets.update(passwords_in(url))
+
+
+def hide_passwords(text: str) -> str:
+    """`text` with every remembered password replaced by ***."""
+    for secret in sorted(_secrets, key=len, reverse=True):
+        text = text.replace(secret, "***")
+    return text

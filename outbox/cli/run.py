@@ -6,7 +6,23 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from outbox.cli.options import DATABASE_URL_OPTION, required
+from outbox.cli.options import (
+    CONNECT_TIMEOUT_OPTION,
+    DATABASE_URL_OPTION,
+    MAX_BIGINT,
+    MAX_SECONDS,
+    STATEMENT_TIMEOUT_OPTION,
+    Database,
+    database,
+    finite,
+    printable,
+)
+from outbox.limits import MAX_PAGE
+
+# attempts in flight in one executor process; more belongs in more processes
+MAX_CONCURRENCY = 10_000
+# a claim's lease: more than the 60 s write window, at most a day
+MAX_LEASE_SECONDS = 86_400
 
 if TYPE_CHECKING:
     from rich.table import Table
@@ -22,32 +38,46 @@ def run(
         help="module:factory(engine) returning the adapters, one per kind; the module registers your kinds"
         " and email notices.",
     ),
-    concurrency: int = typer.Option(64, min=1, help="Attempts in flight at once."),
-    claim_batch: int = typer.Option(50, min=1, help="Lane heads claimed per round trip."),
-    lease_seconds: float = typer.Option(300.0, help="A claim's lease (more than the 60 s write window)."),
-    max_actions: int | None = typer.Option(None, min=1, help="Stop after claiming this many actions."),
-    max_seconds: float | None = typer.Option(None, min=0, help="Stop claiming after this many seconds."),
+    concurrency: int = typer.Option(64, min=1, max=MAX_CONCURRENCY, help="Attempts in flight at once."),
+    claim_batch: int = typer.Option(50, min=1, max=MAX_PAGE, help="Lane heads claimed per round trip."),
+    lease_seconds: float = typer.Option(
+        300.0,
+        min=0,
+        max=MAX_LEASE_SECONDS,
+        callback=finite,
+        help="A claim's lease in seconds (more than the 60 s write window).",
+    ),
+    max_actions: int | None = typer.Option(None, min=1, max=MAX_BIGINT, help="Stop after claiming this many actions."),
+    max_seconds: float | None = typer.Option(
+        None, min=0, max=MAX_SECONDS, callback=finite, help="Stop claiming after this many seconds."
+    ),
     database_url: str | None = DATABASE_URL_OPTION,
+    connect_timeout: int = CONNECT_TIMEOUT_OPTION,
+    statement_timeout: float = STATEMENT_TIMEOUT_OPTION,
 ) -> None:
     """Run one executor until SIGTERM (or a budget), then print what it did."""
-    import asyncio
-    import logging
+    db = database(database_url, connect_timeout, statement_timeout)
 
-    from outbox.cli.common import err, migrated_engine
+    import asyncio
+
+    from outbox.cli.common import err, log_to_stderr, migrated_engine
     from outbox.executor import ExecutorConfig
     from outbox.executor.adapter import load_adapters
+    from outbox.executor.attempt import WRITE_WINDOW_SECONDS
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    if lease_seconds <= WRITE_WINDOW_SECONDS:
+        window = f"the {WRITE_WINDOW_SECONDS:g} s write window"
+        raise ValueError(f"--lease-seconds must exceed {window}, not {lease_seconds:g}")
     config = ExecutorConfig(concurrency=concurrency, claim_batch=claim_batch, lease_seconds=lease_seconds)
     factory = load_adapters(adapters)
-    url = required(database_url)
-    migrated_engine(url).dispose()
-    outcomes = asyncio.run(_run(url, factory, config, max_actions, max_seconds))
+    log_to_stderr()
+    migrated_engine(db).dispose()
+    outcomes = asyncio.run(_run(db, factory, config, max_actions, max_seconds))
     err.print(summary_table(outcomes))
 
 
 async def _run(
-    url: str, factory: AdapterFactory, config: ExecutorConfig, max_actions: int | None, max_seconds: float | None
+    db: Database, factory: AdapterFactory, config: ExecutorConfig, max_actions: int | None, max_seconds: float | None
 ) -> Outcomes:
     import asyncio
     import signal
@@ -55,7 +85,13 @@ async def _run(
     from outbox.db import async_engine
     from outbox.executor import Executor
 
-    engine = async_engine(url, pool_size=4, max_overflow=4)
+    engine = async_engine(
+        db.url,
+        connect_timeout=db.connect_timeout,
+        statement_timeout=db.statement_timeout,
+        pool_size=4,
+        max_overflow=4,
+    )
     executor = Executor(engine, factory(engine), config)
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -73,5 +109,5 @@ def summary_table(outcomes: Outcomes) -> Table:
     for column in ("kind", "result", "recorded", "count"):
         table.add_column(column)
     for (kind, result, recorded), count in sorted(outcomes.attempts.items()):
-        table.add_row(kind, result, str(recorded).lower(), str(count))
+        table.add_row(printable(kind), printable(result), str(recorded).lower(), str(count))
     return table
