@@ -50,7 +50,7 @@ async def drain(
     url = settings.database_url
     if not url:
         raise ValueError("OUTBOX_DATABASE_URL is not set for the drain flow")
-    engine = async_engine(url, pool_size=4, max_overflow=4)
+    engine = async_engine(url, pool_size=4, max_overflow=4, **settings.engine_timeouts())
     config = ExecutorConfig(concurrency=concurrency, lease_seconds=settings.lease_seconds)
     executor = Executor(engine, load_adapters(adapters)(engine), config)
     loop = asyncio.get_running_loop()
@@ -105,7 +105,7 @@ def artifact_rows(outcomes: Outcomes, url: str) -> list[dict[str, Any]]:
         }
         for (kind, result, recorded), count in sorted(outcomes.attempts.items())
     ]
-    engine = sync_engine(url, pool_size=1)
+    engine = sync_engine(url, pool_size=1, **load_settings().engine_timeouts())
     try:
         with engine.connect() as conn:
             deepest = lanes(conn, 10).deepest

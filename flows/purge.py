@@ -20,10 +20,11 @@ from outbox.settings import load_settings
 @flow(name="outbox-purge", retries=2, retry_delay_seconds=300, timeout_seconds=3600)
 def purge(retention_days: float = 30, batch_size: int = PURGE_BATCH_SIZE) -> dict[str, Any]:
     """Delete the actions that ended more than `retention_days` ago; return how many went."""
-    url = load_settings().database_url
+    settings = load_settings()
+    url = settings.database_url
     if not url:
         raise ValueError("OUTBOX_DATABASE_URL is not set for the purge flow")
-    engine = sync_engine(url, pool_size=1)
+    engine = sync_engine(url, pool_size=1, **settings.engine_timeouts())
     try:
         removed = purge_ended(engine, older_than=timedelta(days=retention_days), batch_size=batch_size)
     finally:

@@ -41,6 +41,13 @@ class Settings(BaseSettings):
     smtp_timeout_seconds: float = 30.0
     smtp_ca_file: Path | None = None
 
+    def engine_timeouts(self) -> dict[str, float | None]:
+        """The two timeouts as `outbox.db.sync_engine` and `async_engine` take them (0: no limit)."""
+        return {
+            "connect_timeout": self.connect_timeout_seconds or None,
+            "statement_timeout": self.statement_timeout_seconds or None,
+        }
+
 
 def load_settings() -> Settings:
     return Settings()

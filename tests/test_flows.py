@@ -5,6 +5,7 @@ logs; the purge's count."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Iterator
 from typing import Any
 
@@ -26,6 +27,17 @@ from outbox.email.sink import Faults, SmtpSink
 def prefect_api() -> Iterator[None]:
     with prefect_test_harness(server_startup_timeout=120):
         yield
+
+
+@pytest.fixture(autouse=True)
+def outbox_logger_restored() -> Iterator[None]:
+    """A drain run hands the `outbox` loggers to Prefect's run logs for the rest of its process; in this
+    test process, the tests after these must find the logger as it was."""
+    logger = logging.getLogger("outbox")
+    handlers, level = list(logger.handlers), logger.level
+    yield
+    logger.handlers[:] = handlers
+    logger.setLevel(level)
 
 
 @pytest.fixture
