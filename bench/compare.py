@@ -1,4 +1,4 @@
-"""outbox side by side with pgqueuer, procrastinate and DBOS, and against the database's own limit (issue 6).
+"""outbox side by side with pgqueuer, procrastinate and DBOS, and against the database's own limit.
 
     .venv-bench/bin/python -m bench.compare [--jobs 50000] [--step-seconds 20] [--rounds 2] [--skip ...]
 

@@ -1,4 +1,4 @@
-"""Executor benchmarks (issue 3): throughput, pickup latency, and claim cost on a large table.
+"""Executor benchmarks: throughput, pickup latency, and claim cost on a large table.
 
     python -m bench.executor [--actions 50000] [--lanes 1000] [--skip-large]
 
@@ -120,7 +120,7 @@ def hot_and_others(engine: Engine) -> None:
         conn.execution_options(isolation_level="AUTOCOMMIT").execute(text("ANALYZE"))
 
 
-# The straightforward lane-head claim of ../shared/notes/claim-query.md, measured on the same data.
+# The straightforward lane-head claim (NOT EXISTS an executing action in the lane), measured on the same data.
 NAIVE_CLAIM = """
 SELECT a.id FROM agent_action a
 WHERE a.state = 'ADMITTED' AND a.due_at <= now()

@@ -1,4 +1,4 @@
-"""Retention benchmark (issue 5): purge 1,000,000 ended rows while two executor processes keep claiming.
+"""Retention benchmark: purge 1,000,000 ended rows while two executor processes keep claiming.
 
     python -m bench.retention [--ended 1000000] [--rate 500] [--baseline-seconds 20]
 

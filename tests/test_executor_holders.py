@@ -286,7 +286,7 @@ async def test_a_retry_before_its_own_fence_keeps_an_earlier_write_known(engine:
 
 
 async def test_a_retry_after_its_own_fence_clears_it(engine: Engine, aengine: AsyncEngine) -> None:
-    """The seed's rule for a proven retry stands: the provider holds nothing, so the fence is cleared."""
+    """The rule for a proven retry stands: the provider holds nothing, so the fence is cleared."""
     action_id = enqueue(engine)
     seen: list[bool] = []
 

@@ -1,4 +1,4 @@
-"""Each result of the seed's table, each exception path, expiry and the fence's refusals, on a real database."""
+"""Each result (outbox.executor.results), each exception path, expiry and the fence's refusals, on a real database."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The trigger guard_agent_action against the Python transition table (the seed's ActionStoreIntegrationTest).
+"""The trigger guard_agent_action against the Python transition table (every allowed and refused transition).
 
 Each move is written as raw SQL, so what is tested is the trigger, not the executor. A transition is a
 change of state, or a claim (the epoch rises): entering EXECUTING raises epoch and attempt by one,

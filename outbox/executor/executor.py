@@ -406,7 +406,7 @@ def _own_fault(action: ClaimedAction, error: BaseException) -> OutboxFault:
 
 
 def finish_write(action: ClaimedAction, result: Result, *, fenced: bool = True) -> FinishWrite | None:
-    """The row values a result writes, exactly as the seed's table says.
+    """The row values a result writes, exactly as the results table (outbox.executor.results) says.
 
     A retry clears only its own attempt's fence. An attempt that never fenced (an exception before the
     fence counts as a retry) proves nothing about an earlier attempt's write: it keeps what its claim

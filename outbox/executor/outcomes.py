@@ -1,6 +1,6 @@
 """What an executor did: attempts by kind, result and whether the write took effect; actions it ended.
 
-The labels are the metric labels of decisions.md. An action that ends UNCERTAIN logs exactly one
+The labels are the metric labels the dashboards and alerts use. An action that ends UNCERTAIN logs exactly one
 WARNING here, with its kind, reason and id, never its recipient or payload.
 """
 

@@ -1,4 +1,4 @@
-"""What an adapter returns: one of the seed's seven results.
+"""What an adapter returns: one of seven results.
 
 | result    | use it when                                          | then                                        |
 | Done      | the provider confirmed the effect                    | DONE / CONFIRMED, `readback_ref` kept       |
