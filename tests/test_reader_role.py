@@ -18,7 +18,7 @@ from dashboards.build import LANES_SQL
 from outbox import migrate, store_metrics
 from tests.test_metrics import mixed_workload, samples, scrape, value
 
-# what migration 0004 leaves readable of agent_action; everything else of it is refused
+# what migrations 0004 and 0006 leave readable of agent_action; everything else of it is refused
 READABLE = {
     "id",
     "kind",
@@ -34,6 +34,8 @@ READABLE = {
     "write_started_at",
     "created_at",
     "ended_at",
+    "last_error",
+    "trace",
 }
 PERSONAL = {"payload", "idempotency_key", "subject_account_id", "workspace_id", "readback_ref"}
 OUTBOX_TABLES = (
