@@ -31,6 +31,10 @@ class Action:
     readback_ref: str | None
     created_at: datetime
     ended_at: datetime | None
+    # the reason of the latest attempt that did not succeed: stage, reply code, short reason (never an address)
+    last_error: str | None = None
+    # what finds the action at its provider, kept after it ends; EMAIL: {"notice": ..., "message_id": ...}
+    trace: dict[str, str] | None = None
 
     @classmethod
     def from_row(cls, row: Mapping[Any, Any]) -> Action:

@@ -14,7 +14,7 @@ NOTIFY_CHANNEL = "outbox_action"
 ACTION_COLUMNS = (
     "id, kind, workspace_id, lane_key, idempotency_key, payload, subject_account_id, max_attempts,"
     " expires_at, state, attempt, epoch, due_at, lease_expires_at, write_started_at, stop_reason,"
-    " readback_ref, created_at, ended_at"
+    " readback_ref, created_at, ended_at, last_error, trace"
 )
 
 # ---- enqueue and proposals ----------------------------------------------------------------------
@@ -154,6 +154,13 @@ LOCK_ACTIONS = text("SELECT id, epoch, state FROM agent_action WHERE id = ANY (:
 LOCK_LANES = text("SELECT lane_key FROM agent_lane WHERE lane_key = ANY (:lanes) FOR UPDATE SKIP LOCKED")
 EXISTING_ACTIONS = text("SELECT id FROM agent_action WHERE id = ANY (:ids)")
 
+# What finds an action at its provider once its payload is gone, set by its adapter before its fence under
+# the claim's epoch (migration 0006); a newer claim or an erasure leaves it unset, and the fence then refuses.
+NOTE_TRACE = text("""
+UPDATE agent_action SET trace = CAST(:trace AS jsonb)
+ WHERE id = :id AND epoch = :epoch AND state = 'EXECUTING'
+""")
+
 # The fence: write_started_at, under the claim's epoch, while at least the write window of the lease is left.
 BEGIN_WRITES = text("""
 UPDATE agent_action AS a SET write_started_at = now()
@@ -165,19 +172,22 @@ RETURNING a.id
 
 # Every result of an attempt, each named by its claim's epoch. `fence`: keep, clear, or restore the
 # value the attempt found at its claim (a deferral writes nothing, so an earlier write stays known).
+# `last_error`: the result's reason; a result without one keeps the earlier reason, DONE clears it.
 FINISH_ATTEMPTS = text("""
 UPDATE agent_action AS a
    SET state = f.state,
        stop_reason = f.stop_reason,
        readback_ref = coalesce(f.readback_ref, a.readback_ref),
+       last_error = CASE WHEN f.state = 'DONE' THEN NULL ELSE coalesce(f.last_error, a.last_error) END,
        due_at = CASE WHEN f.state = 'ADMITTED' THEN now() + make_interval(secs => f.delay) ELSE a.due_at END,
        attempt = a.attempt - f.uncount,
        write_started_at = CASE f.fence WHEN 'clear' THEN NULL WHEN 'restore' THEN f.prior_write
                                        ELSE a.write_started_at END
   FROM unnest(CAST(:ids AS bigint[]), CAST(:epochs AS bigint[]), CAST(:states AS text[]),
               CAST(:stop_reasons AS text[]), CAST(:readback_refs AS text[]), CAST(:delays AS float8[]),
-              CAST(:uncounts AS int[]), CAST(:fences AS text[]), CAST(:prior_writes AS timestamptz[]))
-       AS f (id, epoch, state, stop_reason, readback_ref, delay, uncount, fence, prior_write)
+              CAST(:uncounts AS int[]), CAST(:fences AS text[]), CAST(:prior_writes AS timestamptz[]),
+              CAST(:last_errors AS text[]))
+       AS f (id, epoch, state, stop_reason, readback_ref, delay, uncount, fence, prior_write, last_error)
  WHERE a.id = f.id AND a.epoch = f.epoch AND a.state = 'EXECUTING'
 RETURNING a.id
 """)

@@ -7,7 +7,10 @@
         ─▶ window re-checked ─▶ DATA ─▶ classify what the relay answered
 
 The whole SMTP exchange runs under the fence's deadline; a slower relay is cut off and classified by the
-stage it had reached. Results carry stage names and reply codes only, never an address or the body.
+stage it had reached. Results carry stage names and reply codes only, never an address, a reply's text or
+the body: the executor keeps each result's reason as the action's last_error (`rcpt: 550; every recipient
+refused`). Before it prepares the email, the adapter records the action's trace, the notice's name and the
+Message-ID, which outlive the payload, so an operator can find an UNCERTAIN email in the relay's logs.
 
 | stage                        | what happened                                 | result                         |
 | connect, greeting, EHLO, TLS | refused, dropped, timed out, any reply        | Retry                          |
@@ -32,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ipaddress
+import json
 import socket
 import ssl
 from dataclasses import dataclass, field
@@ -42,6 +46,7 @@ from typing import Literal
 import aiosmtplib
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from outbox import store
 from outbox.email.message import (
     HOST_LABEL,
     InvalidEmail,
@@ -179,21 +184,26 @@ class EmailAdapter:
         return ActionKind.EMAIL
 
     async def execute(self, attempt: ActionAttempt) -> Result:
-        notice, event = notice_of(attempt.action.payload)
+        action = attempt.action
+        notice, event = notice_of(action.payload)
+        message_id_value = message_id(action.idempotency_key, self.settings.message_id_domain)
         try:
             async with self._engine.connect() as conn:
+                # what traces the email once its payload is gone, durable before anything is sent
+                trace = json.dumps({"notice": notice.name, "message_id": message_id_value})
+                await conn.execute(store.NOTE_TRACE, {"id": action.id, "epoch": action.epoch, "trace": trace})
+                await conn.commit()
                 email = await notice.prepare_async(conn, event)
         except InvalidEmail as invalid:
-            return Failed(f"the {notice.name} notice cannot be sent: {invalid.field} {invalid.message}")
+            return Failed(f"prepare: the {notice.name} notice cannot be sent: {invalid.field} {invalid.message}")
         if email is None:
-            return Cancelled(f"the {notice.name} notice reaches nobody now")
-        message_id_value = message_id(attempt.action.idempotency_key, self.settings.message_id_domain)
+            return Cancelled(f"prepare: the {notice.name} notice reaches nobody now")
         try:
             message = message_bytes(build_message(email, self._sender, message_id_value, datetime.now(UTC)))
         except InvalidEmail as invalid:
-            return Failed(f"the {notice.name} notice cannot be sent: {invalid.field} {invalid.message}")
+            return Failed(f"prepare: the {notice.name} notice cannot be sent: {invalid.field} {invalid.message}")
         except Exception as error:  # anything else the mail library refuses, before the fence: nothing was sent
-            return Failed(f"the {notice.name} notice cannot be written as a message ({type(error).__name__})")
+            return Failed(f"prepare: the {notice.name} notice cannot be written as a message ({type(error).__name__})")
         window = await attempt.fence().begin_write()
         return await self._send(window, email, message)
 
@@ -220,7 +230,7 @@ class EmailAdapter:
                 if tls == "starttls":
                     stage = "starttls"
                     if not smtp.supports_extension("starttls"):
-                        return Retry("the relay offers no STARTTLS and TLS is required")
+                        return Retry("starttls: the relay offers no STARTTLS and TLS is required")
                     await smtp.starttls()
                 if settings.username:
                     stage = "login"
@@ -230,11 +240,11 @@ class EmailAdapter:
                 stage = "rcpt"
                 refused = await _recipients(smtp, email.recipients)
                 if any(400 <= code < 500 for code in refused):
-                    return Retry(f"RCPT refused for now ({_codes(refused)}); nothing was sent")
+                    return Retry(f"rcpt: {_codes(refused)}; refused for now, nothing was sent")
                 if len(refused) == len(email.recipients):
-                    return Failed(f"RCPT refused for every recipient ({_codes(refused)})")
+                    return Failed(f"rcpt: {_codes(refused)}; every recipient refused")
                 if window.remaining() <= 0:
-                    return Retry("the write window closed before DATA; nothing was sent")
+                    return Retry("data: the write window closed before DATA; nothing was sent")
                 stage = "data"
                 response = await smtp.data(message)
             with contextlib.suppress(aiosmtplib.SMTPException, OSError, TimeoutError):
@@ -244,7 +254,7 @@ class EmailAdapter:
             return classify_reply(stage, reply.code)
         except (aiosmtplib.SMTPException, OSError, TimeoutError) as error:
             if stage == "data":
-                return Uncertain(f"{type(error).__name__} during or after DATA")
+                return Uncertain(f"data: {type(error).__name__} during or after DATA")
             return Retry(f"{stage}: {type(error).__name__}")
         finally:
             smtp.close()

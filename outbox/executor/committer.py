@@ -54,6 +54,8 @@ class FinishWrite:
     uncount: int = 0
     # keep the fence, clear it (a proven retry), or restore what the claim found (a deferral)
     fence: str = "keep"
+    # the result's reason, kept as the action's last_error; None keeps the earlier one (DONE clears it)
+    last_error: str | None = None
 
 
 @dataclass(frozen=True)
@@ -275,6 +277,7 @@ class Committer:
             "uncounts": [w.uncount for _, w in writes],
             "fences": [w.fence for _, w in writes],
             "prior_writes": [a.prior_write_started_at for a, _ in writes],
+            "last_errors": [w.last_error for _, w in writes],
         }
         recorded = set((await conn.execute(store.FINISH_ATTEMPTS, params)).scalars())
         return [(p, p.action.id in recorded) for p in finishes]

@@ -307,7 +307,8 @@ class Executor:
         except Exception as error:
             if attempt.fenced:
                 log.exception("action %s: adapter failed after its fence", action.id)
-                result = _uncertain_after_error(f"{type(error).__name__}: {error}")
+                # the class only: the message may hold anything, a recipient included (the log has it)
+                result = _uncertain_after_error(f"the adapter raised {type(error).__name__} after its fence")
             elif is_outbox_fault(error):
                 # No window was granted, so the provider was not called. The fence itself may have raised.
                 # A connection lost in the fence's transaction, its COMMIT included, does not raise: the
@@ -323,7 +324,7 @@ class Executor:
                 result = _own_fault(action, error)
             else:
                 log.warning("action %s: adapter failed before its fence: %r", action.id, error)
-                result = Retry(f"{type(error).__name__}: {error}")
+                result = Retry(f"the adapter raised {type(error).__name__} before its fence")
         if isinstance(result, Abandoned) and not attempt.fenced and self._stopping:
             result = Defer(0.0, _STOPPING)  # hand it back to its lane: the attempt does not count
         await self._record(attempt, result, started)
@@ -411,23 +412,40 @@ def finish_write(action: ClaimedAction, result: Result, *, fenced: bool = True) 
     A retry clears only its own attempt's fence. An attempt that never fenced (an exception before the
     fence counts as a retry) proves nothing about an earlier attempt's write: it keeps what its claim
     found, so the next attempt of a read-back kind still looks before it writes. An OutboxFault is a
-    Defer and writes as one.
+    Defer and writes as one. Every reason a result carries becomes the action's last_error (`error_text`);
+    DONE clears it.
     """
     match result:
         case Done(readback_ref=ref):
             return FinishWrite(ActionState.DONE, StopReason.CONFIRMED, readback_ref=ref)
-        case Retry(after=after):
+        case Retry(reason=text, after=after):
             if action.attempt >= action.max_attempts:
-                return FinishWrite(ActionState.FAILED, StopReason.ATTEMPTS_EXHAUSTED)
+                return FinishWrite(ActionState.FAILED, StopReason.ATTEMPTS_EXHAUSTED, last_error=error_text(text))
             delay = after if after is not None else retry_delay(action.attempt)
-            return FinishWrite(ActionState.ADMITTED, delay_seconds=delay, fence="clear" if fenced else "restore")
-        case Defer(after=after):
-            return FinishWrite(ActionState.ADMITTED, delay_seconds=after, uncount=1, fence="restore")
-        case Uncertain(stop_reason=reason):
-            return FinishWrite(ActionState.UNCERTAIN, reason)
-        case Failed():
-            return FinishWrite(ActionState.FAILED, StopReason.PROVIDER_REFUSED)
-        case Cancelled(stop_reason=reason):
-            return FinishWrite(ActionState.CANCELLED, reason)
+            fence = "clear" if fenced else "restore"
+            return FinishWrite(ActionState.ADMITTED, delay_seconds=delay, fence=fence, last_error=error_text(text))
+        case Defer(reason=text, after=after):
+            return FinishWrite(
+                ActionState.ADMITTED, delay_seconds=after, uncount=1, fence="restore", last_error=error_text(text)
+            )
+        case Uncertain(reason=text, stop_reason=reason):
+            return FinishWrite(ActionState.UNCERTAIN, reason, last_error=error_text(text))
+        case Failed(reason=text):
+            return FinishWrite(ActionState.FAILED, StopReason.PROVIDER_REFUSED, last_error=error_text(text))
+        case Cancelled(reason=text, stop_reason=reason):
+            return FinishWrite(ActionState.CANCELLED, reason, last_error=error_text(text))
         case Abandoned():
             return None
+
+
+# the longest last_error kept (migration 0006 checks the same bound)
+LAST_ERROR_LIMIT = 500
+# anything shaped like an address (local@domain), bracketed or not
+_ADDRESS = re.compile(r"[^\s<>()\[\],;:\"']+@[^\s<>()\[\],;:\"']+")
+
+
+def error_text(reason: str) -> str | None:
+    """A result's reason as the action's last_error: whatever looks like an address left out, at most
+    LAST_ERROR_LIMIT characters; None for no reason (the earlier last_error stays)."""
+    text = _ADDRESS.sub("(an address)", reason).strip()
+    return text[:LAST_ERROR_LIMIT] or None
