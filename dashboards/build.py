@@ -250,21 +250,39 @@ def overview() -> dashboard.Dashboard:
 
 @dataclass(frozen=True)
 class Alert:
+    """One alert, written once for Grafana and for Prometheus.
+
+    Grafana runs `query` (instant) as its query A and fires each series whose value passes `op threshold`
+    (expression B); when A returns no series the rule takes `no_data` ("OK", or "Alerting" for what must
+    page when it vanishes). The Prometheus rule is `query op threshold`, with `or absent(query)` when a
+    missing series must page too.
+    """
+
     uid: str
     title: str
-    expr: str  # fires when it returns any series
+    query: str
+    op: str  # "gt" or "lt"
+    threshold: float
     for_: str
     severity: str
     summary: str
     description: str
     runbook: str
+    no_data: str = "OK"
+
+    @property
+    def expr(self) -> str:
+        condition = f"{self.query} {'>' if self.op == 'gt' else '<'} {self.threshold:g}"
+        return f"{condition} or absent({self.query})" if self.no_data == "Alerting" else condition
 
 
 ALERTS = [
     Alert(
         "outbox-email-uncertain",
         "OutboxEmailUncertain",
-        'sum by (reason) (increase(action_ended_total{kind="EMAIL",state="UNCERTAIN"}[5m])) > 0',
+        'sum by (reason) (increase(action_ended_total{kind="EMAIL",state="UNCERTAIN"}[5m]))',
+        "gt",
+        0,
         "0m",
         "page",
         "An email ended UNCERTAIN ({{ $labels.reason }})",
@@ -275,7 +293,9 @@ ALERTS = [
     Alert(
         "outbox-backlog-stale",
         "OutboxBacklogStale",
-        "max by (kind) (outbox_oldest_due_age_seconds) > 900",
+        "max by (kind) (outbox_oldest_due_age_seconds)",
+        "gt",
+        900,
         "5m",
         "page",
         "{{ $labels.kind }} actions have waited more than 15 minutes",
@@ -286,23 +306,68 @@ ALERTS = [
     Alert(
         "outbox-executors-down",
         "OutboxExecutorsDown",
-        "sum(outbox_executors) == 0",
+        "sum(outbox_executors)",
+        "lt",
+        1,
         "5m",
         "page",
         "No outbox executor is running",
-        "No executor has beaten for 5 minutes: nothing is being sent. Check the Prefect workers and the "
-        "outbox-drain deployment's runs.",
+        "No executor has beaten for 5 minutes, or no exporter reports them: nothing is being sent. Check the "
+        "Prefect workers and the outbox-drain deployment's runs.",
         "executors-down",
+        no_data="Alerting",
     ),
     Alert(
         "outbox-purge-failing",
         "OutboxPurgeFailing",
-        "time() - max(outbox_purge_last_success_timestamp_seconds) > 172800",
+        "time() - max(outbox_purge_last_success_timestamp_seconds)",
+        "gt",
+        172800,
         "1h",
         "ticket",
         "The retention purge has not succeeded for two days",
         "Ended actions pile up. Check the outbox-purge deployment's runs, or run `outbox purge` by hand.",
         "purge",
+    ),
+    Alert(
+        "outbox-exporter-down",
+        "OutboxExporterDown",
+        "min(outbox_exporter_up)",
+        "lt",
+        1,
+        "5m",
+        "page",
+        "The outbox exporter cannot read the database, or Prometheus does not scrape it",
+        "For 5 minutes an exporter has reported outbox_exporter_up 0, or no exporter has been scraped: every "
+        "other outbox alert is blind. Check the exporter's log and Prometheus's targets.",
+        "exporter-down",
+        no_data="Alerting",
+    ),
+    Alert(
+        "outbox-email-failed",
+        "OutboxEmailFailed",
+        'sum by (reason) (increase(action_ended_total{kind="EMAIL",state="FAILED"}[1h]))',
+        "gt",
+        0,
+        "0m",
+        "ticket",
+        "An email ended FAILED ({{ $labels.reason }})",
+        "outbox will not send it again: the relay refused it or its attempts ran out. Find it with "
+        "`outbox list --state FAILED --kind EMAIL --since 1h`.",
+        "failed-email",
+    ),
+    Alert(
+        "outbox-expired-leases",
+        "OutboxExpiredLeases",
+        "max by (kind) (outbox_expired_leases)",
+        "gt",
+        0,
+        "5m",
+        "ticket",
+        "{{ $labels.kind }} actions have held an expired lease for 5 minutes",
+        "Actions stay EXECUTING after their lease expired and no executor takes them back: their lanes are "
+        "blocked. `outbox status` shows the expired leases and whether executors run.",
+        "expired-leases",
     ),
 ]
 
@@ -323,13 +388,13 @@ def grafana_rules() -> dict[str, Any]:
                     "runbook_url": f"{RUNBOOK}-{alert.runbook}",
                 }
             )
-            .no_data_state("OK")
+            .no_data_state(alert.no_data)
             .exec_err_state("Error")
             .with_query(
                 alerting.Query("A")
                 .datasource_uid(PROMETHEUS_UID)
                 .relative_time_range(RelativeTimeRange(600, 0))
-                .model(prometheus.Dataquery().expr(alert.expr).instant().ref_id("A"))
+                .model(prometheus.Dataquery().expr(alert.query).instant().ref_id("A"))
             )
             .with_query(
                 alerting.Query("B")
@@ -341,7 +406,9 @@ def grafana_rules() -> dict[str, Any]:
                     .conditions(
                         [
                             expr.ExprTypeThresholdConditions().evaluator(
-                                expr.ExprTypeThresholdConditionsEvaluator().type("gt").params([0.0])
+                                expr.ExprTypeThresholdConditionsEvaluator()
+                                .type(alert.op)
+                                .params([float(alert.threshold)])
                             )
                         ]
                     )

@@ -70,13 +70,22 @@ def test_every_alert_fires_when_it_should_and_stays_silent_otherwise() -> None:
 
 
 def test_grafana_rules_carry_the_same_expressions_and_a_runbook() -> None:
-    """Both rule files link each alert to the same runbook; tests/test_docs.py checks that its section exists."""
+    """Grafana's query and threshold and Prometheus's expression come from one `Alert`; both link the same
+    runbook (tests/test_docs.py checks that its section exists). tests/test_alerts.py evaluates the Grafana
+    rules as Grafana does."""
     grafana = yaml.safe_load(build.GRAFANA_RULES_FILE.read_text())
     prometheus = yaml.safe_load(build.PROMETHEUS_RULES_FILE.read_text())
     by_title = {r["title"]: r for g in grafana["groups"] for r in g["rules"]}
+    alerts = {a.title: a for a in build.ALERTS}
     for rule in prometheus["groups"][0]["rules"]:
-        grafana_rule = by_title[rule["alert"]]
-        assert grafana_rule["data"][0]["model"]["expr"] == rule["expr"]
+        alert, grafana_rule = alerts[rule["alert"]], by_title[rule["alert"]]
+        assert grafana_rule["data"][0]["model"]["expr"] == alert.query
+        assert grafana_rule["data"][1]["model"]["conditions"][0]["evaluator"] == {
+            "type": alert.op,
+            "params": [alert.threshold],
+        }
+        assert grafana_rule["noDataState"] == alert.no_data
+        assert rule["expr"] == alert.expr
         runbook = rule["annotations"]["runbook_url"]
         assert grafana_rule["annotations"]["runbook_url"] == runbook
         assert runbook.startswith(f"{build.RUNBOOK}-"), f"{rule['alert']} links to {runbook}, not a runbook"

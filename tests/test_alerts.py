@@ -1,0 +1,203 @@
+"""Every Grafana-managed alert rule, evaluated the way Grafana evaluates it, against a real Prometheus.
+
+Each alert has a firing scenario and a quiet one: three hours of minute samples written into a TSDB with
+`promtool tsdb create-blocks-from openmetrics`, each scenario in a window of its own, six hours from the
+next. A real Prometheus serves that TSDB; tests/grafana_rules.py runs each rule's query A at every minute of
+the rule's `for` period and a few minutes more, applies its expressions and Grafana's state machine, and
+the test asserts Alerting for the firing scenario, Normal for the quiet one, and, where no series exists at
+all (an exporter gone, a target lost), the state the rule's `noDataState` chose. The Prometheus rules are
+proven on the same scenarios by `promtool test rules` (tests/test_dashboards.py, tests/promtool/).
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import yaml
+
+from dashboards import build
+from tests import grafana_rules
+from tests.support import until
+from tests.test_dashboards import _answers, free_port
+
+Scenario = dict[str, Callable[[int], float]]  # series ──▶ its value at each minute (-180 … 0) of the window
+
+BASE = 1_700_000_000 - 1_700_000_000 % 3600
+WINDOW = 6 * 3600
+MINUTES = range(-180, 1)
+
+
+def counter_step(at: int) -> Callable[[int], float]:
+    """A counter at 0 that counts one at minute `at`."""
+    return lambda m: 0.0 if m < at else 1.0
+
+
+def constant(value: float) -> Callable[[int], float]:
+    return lambda m: value
+
+
+def rising(per_minute: float) -> Callable[[int], float]:
+    return lambda m: (m + 180) * per_minute
+
+
+EMAIL_DONE = 'action_ended_total{kind="EMAIL",state="DONE",reason="CONFIRMED"}'
+UNCERTAIN = 'action_ended_total{kind="EMAIL",state="UNCERTAIN",reason="PROVIDER_UNCERTAIN"}'
+FAILED = 'action_ended_total{kind="EMAIL",state="FAILED",reason="PROVIDER_REFUSED"}'
+
+# alert ──▶ (firing, quiet); every alert's `noDataState` is asserted in NO_DATA
+SCENARIOS: dict[str, tuple[Scenario, Scenario]] = {
+    "OutboxEmailUncertain": (
+        {UNCERTAIN: counter_step(-2), EMAIL_DONE: rising(5)},
+        {UNCERTAIN: constant(0), EMAIL_DONE: rising(5)},
+    ),
+    "OutboxBacklogStale": (
+        {
+            'outbox_oldest_due_age_seconds{kind="EMAIL"}': rising(60),
+            'outbox_oldest_due_age_seconds{kind="TEST"}': constant(0),
+        },
+        {
+            'outbox_oldest_due_age_seconds{kind="EMAIL"}': constant(30),
+            'outbox_oldest_due_age_seconds{kind="TEST"}': constant(0),
+        },
+    ),
+    "OutboxExecutorsDown": (
+        {'outbox_executors{instance="a"}': constant(0), 'outbox_executors{instance="b"}': constant(0)},
+        {'outbox_executors{instance="a"}': constant(2), 'outbox_executors{instance="b"}': constant(2)},
+    ),
+    "OutboxPurgeFailing": (
+        # the value is a time: set relative to the window's end in `openmetrics`
+        {"outbox_purge_last_success_timestamp_seconds": constant(-3 * 86400)},
+        {"outbox_purge_last_success_timestamp_seconds": constant(-3600)},
+    ),
+    "OutboxExporterDown": (
+        {"outbox_exporter_up": constant(0)},
+        {"outbox_exporter_up": constant(1)},
+    ),
+    "OutboxEmailFailed": (
+        {FAILED: counter_step(-10), EMAIL_DONE: rising(5)},
+        {FAILED: constant(0), EMAIL_DONE: rising(5)},
+    ),
+    "OutboxExpiredLeases": (
+        {'outbox_expired_leases{kind="EMAIL"}': constant(1), 'outbox_expired_leases{kind="TEST"}': constant(0)},
+        {'outbox_expired_leases{kind="EMAIL"}': constant(0), 'outbox_expired_leases{kind="TEST"}': constant(0)},
+    ),
+}
+# what a rule says when its query returns nothing: an executor or exporter that vanished pages
+NO_DATA = {
+    "OutboxEmailUncertain": "Normal",
+    "OutboxBacklogStale": "Normal",
+    "OutboxExecutorsDown": "Alerting",
+    "OutboxPurgeFailing": "Normal",
+    "OutboxExporterDown": "Alerting",
+    "OutboxEmailFailed": "Normal",
+    "OutboxExpiredLeases": "Normal",
+}
+EMPTY_AT = BASE  # no sample exists before the first window
+
+
+def window_end(alert: str, firing: bool) -> int:
+    index = list(SCENARIOS).index(alert)
+    return BASE + (2 * index + (1 if firing else 2)) * WINDOW
+
+
+def openmetrics() -> str:
+    """Every scenario's samples, in OpenMetrics text: one series' samples together and in time order."""
+    samples: dict[str, list[tuple[int, float]]] = {}
+    for alert, (firing, quiet) in SCENARIOS.items():
+        for scenario, is_firing in ((firing, True), (quiet, False)):
+            end = window_end(alert, is_firing)
+            for series, value in scenario.items():
+                offset = end if series.startswith("outbox_purge_last_success") else 0
+                samples.setdefault(series, []).extend((end + m * 60, offset + value(m)) for m in MINUTES)
+    lines = []
+    for series in sorted(samples, key=lambda s: s.split("{")[0]):
+        lines += [f"{series} {value:g} {at}" for at, value in sorted(samples[series])]
+    return "\n".join([*lines, "# EOF"]) + "\n"
+
+
+@pytest.fixture(scope="module")
+def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    promtool, binary = shutil.which("promtool"), shutil.which("prometheus")
+    assert promtool and binary, "promtool or prometheus is missing: .ci/run installs Debian's prometheus"
+    home = tmp_path_factory.mktemp("alerts")
+    (home / "scenarios.om").write_text(openmetrics())
+    made = subprocess.run(
+        [promtool, "tsdb", "create-blocks-from", "openmetrics", str(home / "scenarios.om"), str(home / "data")],
+        capture_output=True,
+        text=True,
+    )
+    assert made.returncode == 0, made.stdout + made.stderr
+    (home / "prometheus.yml").write_text("global: {}\n")
+    port = free_port()
+    process = subprocess.Popen(
+        [
+            binary,
+            f"--config.file={home / 'prometheus.yml'}",
+            f"--storage.tsdb.path={home / 'data'}",
+            "--storage.tsdb.retention.time=100y",
+            f"--web.listen-address=127.0.0.1:{port}",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        until(lambda: _answers(f"{url}/-/ready"), what="Prometheus to be ready")
+        yield url
+    finally:
+        process.terminate()
+        process.wait(30)
+
+
+def rules() -> dict[str, dict[str, Any]]:
+    loaded = yaml.safe_load(build.GRAFANA_RULES_FILE.read_text())
+    return {r["title"]: r for g in loaded["groups"] for r in g["rules"]}
+
+
+def run(rule: dict[str, Any], prometheus: str, end: int) -> str:
+    """The rule's state at `end`, evaluated each minute from its `for` period and ten minutes more before."""
+    start = end - grafana_rules.duration_seconds(rule["for"]) - 600
+    return grafana_rules.verdict(grafana_rules.evaluate(rule, prometheus, range(start, end + 1, 60)))
+
+
+def test_every_alert_has_a_firing_a_quiet_and_a_no_data_scenario() -> None:
+    assert set(rules()) == set(SCENARIOS) == set(NO_DATA)
+
+
+@pytest.mark.parametrize("alert", list(SCENARIOS))
+def test_the_grafana_rule_fires_stays_quiet_and_handles_no_data(prometheus: str, alert: str) -> None:
+    rule = rules()[alert]
+    assert run(rule, prometheus, window_end(alert, firing=True)) == "Alerting"
+    assert run(rule, prometheus, window_end(alert, firing=False)) == "Normal"
+    assert run(rule, prometheus, EMPTY_AT) == NO_DATA[alert]
+
+
+def test_a_condition_that_has_not_held_for_the_whole_period_is_pending(prometheus: str) -> None:
+    """An expired lease two minutes old is no alert yet: Grafana's `for` holds it Pending."""
+    rule = rules()["OutboxExpiredLeases"]
+    end = window_end("OutboxExpiredLeases", firing=True)
+    states = grafana_rules.evaluate(rule, prometheus, range(end - 120, end + 1, 60))
+    assert grafana_rules.verdict(states) == "Pending"
+
+
+def test_the_expressions_follow_grafanas_semantics() -> None:
+    nan = float("nan")
+    assert grafana_rules.reduce([1.0, nan, 3.0], "max") != grafana_rules.reduce([1.0, nan, 3.0], "max")  # NaN
+    assert grafana_rules.reduce([1.0, nan, None, 3.0], "mean", "dropNN") == 2.0
+    assert grafana_rules.reduce([1.0, nan, 3.0], "sum", "replaceNN", 10.0) == 14.0
+    assert grafana_rules.reduce([nan], "count", "dropNN") == 0.0
+    assert grafana_rules.reduce([4.0, 2.0], "last") == 2.0
+    assert grafana_rules.threshold(0.0, "lt", [1.0]) and not grafana_rules.threshold(0.0, "gt", [0.0])
+    assert grafana_rules.threshold(5.0, "within_range", [1.0, 10.0])
+    assert grafana_rules.threshold(11.0, "outside_range", [1.0, 10.0])
+    assert not grafana_rules.threshold(nan, "outside_range", [1.0, 10.0])
+    values: grafana_rules.Values = {(("kind", "EMAIL"),): 3.0, (("kind", "TEST"),): 0.0}
+    assert grafana_rules.math_expression("$A > 0", {"A": values}) == {
+        (("kind", "EMAIL"),): 1.0,
+        (("kind", "TEST"),): 0.0,
+    }
+    assert grafana_rules.math_expression("1 <= ${A}", {"A": values})[(("kind", "EMAIL"),)] == 1.0
