@@ -11,6 +11,7 @@ proven on the same scenarios by `promtool test rules` (tests/test_dashboards.py,
 
 from __future__ import annotations
 
+import copy
 import shutil
 import subprocess
 from collections.abc import Callable, Iterator
@@ -201,3 +202,12 @@ def test_the_expressions_follow_grafanas_semantics() -> None:
         (("kind", "TEST"),): 0.0,
     }
     assert grafana_rules.math_expression("1 <= ${A}", {"A": values})[(("kind", "EMAIL"),)] == 1.0
+
+
+def test_a_comparison_inside_the_query_never_fires_under_a_gt_0_threshold(prometheus: str) -> None:
+    """`sum(outbox_executors) == 0` answers the value 0 when no executor runs, and 0 is not above 0: the
+    evaluator sees what Grafana would, a rule that can never fire."""
+    rule = copy.deepcopy(rules()["OutboxExecutorsDown"])
+    rule["data"][0]["model"]["expr"] = "sum(outbox_executors) == 0"
+    rule["data"][1]["model"]["conditions"][0]["evaluator"] = {"type": "gt", "params": [0.0]}
+    assert run(rule, prometheus, window_end("OutboxExecutorsDown", firing=True)) == "Normal"
