@@ -3,6 +3,8 @@ received and what went wrong last (stage and reply code, never an address), and 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 from sqlalchemy import Engine, text
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -12,6 +14,7 @@ from outbox.action import Action
 from outbox.email.sink import Faults, SmtpSink
 from outbox.executor.executor import LAST_ERROR_LIMIT, error_text
 from tests import test_email, test_reader_role
+from tests.conftest import CliResult
 from tests.test_email import ALICE, BOB, attempt_once, enqueue, settings
 
 # the fixtures of the email and reader tests: the example application, the relay and the reader login
@@ -101,3 +104,35 @@ def test_the_database_bounds_last_error(engine: Engine) -> None:
             text("SELECT pg_get_constraintdef(oid) FROM pg_constraint WHERE conname = 'ck_agent_action_last_error'")
         ).scalar_one()
     assert str(LAST_ERROR_LIMIT) in bound
+
+
+async def test_outbox_show_and_list_give_the_trace_of_an_uncertain_email(
+    app: Engine, aengine: AsyncEngine, sink: SmtpSink, cli: Callable[..., CliResult]
+) -> None:
+    action = await send(app, aengine, sink, Faults(after_data="drop"))
+    [received] = sink.received
+    shown = cli("show", str(action.id), "--json").json()
+    assert shown["trace"] == {"notice": NOTICE, "message_id": received.message_id}
+    assert shown["last_error"] == action.last_error
+    for moment in ("created_at", "due_at", "write_started_at", "ended_at"):
+        assert shown[moment] is not None, moment
+    assert {"expires_at", "lease_expires_at"} <= shown.keys()
+    # the table folds a long value over lines of its column: read it without the frame and the spaces
+    table = "".join(cli("show", str(action.id)).out.replace("│", "").split())
+    for expected in (NOTICE, received.message_id, "lasterror", "Message-ID", "writestarted", "ended"):
+        assert expected in table, expected
+    [listed] = cli("list", "--json").json()["actions"]
+    assert listed["trace"]["message_id"] == received.message_id
+
+
+def test_show_escapes_control_characters_of_last_error_and_trace(engine: Engine, cli: Callable[..., CliResult]) -> None:
+    with engine.begin() as conn:
+        action_id = conn.execute(
+            text(
+                "INSERT INTO agent_action (kind, lane_key, idempotency_key, max_attempts, state, last_error, trace)"
+                " VALUES ('EMAIL', 'l', 'k', 1, 'ADMITTED', E'data: \\x1b[31mred', '{\"notice\": \"n\\u001b[2J\"}')"
+                " RETURNING id"
+            )
+        ).scalar_one()
+    table = cli("show", str(action_id)).out
+    assert "\x1b" not in table and "red" in table

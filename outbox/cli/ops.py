@@ -120,7 +120,8 @@ def show(
     connect_timeout: int = CONNECT_TIMEOUT_OPTION,
     statement_timeout: float = STATEMENT_TIMEOUT_OPTION,
 ) -> None:
-    """One action in full; its payload only while it has one (an ended action keeps none)."""
+    """One action in full: every time, what went wrong last, its trace (an email's notice and Message-ID, kept
+    after it ends) and its payload only while it has one (an ended action keeps none)."""
     db = database(database_url, connect_timeout, statement_timeout)
 
     from rich.table import Table
@@ -134,9 +135,14 @@ def show(
         print_json(action)
         return
     table = Table(title=f"action {action.id}", show_header=False)
+    table.add_column(no_wrap=True)
+    table.add_column(overflow="fold")  # a long value (a Message-ID, a key) wraps, never cut short
     for field, value in _fields(action):
-        table.add_row(field, printable(value))
+        table.add_row(printable(field), printable(value))
     out.print(table)
+
+
+_TRACE_LABELS = {"notice": "notice", "message_id": "Message-ID"}
 
 
 def _fields(action: Action) -> list[tuple[str, str]]:
@@ -162,7 +168,10 @@ def _fields(action: Action) -> list[tuple[str, str]]:
         ("write started", when(action.write_started_at)),
         ("ended", when(action.ended_at)),
         ("readback reference", action.readback_ref or "-"),
+        ("last error", action.last_error or "-"),
     ]
+    # what finds the action at its provider: an email's notice and Message-ID
+    fields += [(_TRACE_LABELS.get(key, str(key)), str(value)) for key, value in (action.trace or {}).items()]
     if action.payload is not None:
         fields.append(("payload", str(action.payload)))
     return fields
