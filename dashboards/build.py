@@ -109,6 +109,26 @@ LANES_SQL = """SELECT l.lane_key AS lane, count(*) AS depth, l.head_id AS head, 
  LIMIT 20"""
 
 
+# Emails an operator must decide on, newest first: what finds each at the provider (the notice and the
+# Message-ID) and why it ended. One branch per state, so the UNCERTAIN branch reads the partial index
+# ix_agent_action_uncertain and the FAILED one ix_agent_action_ended; every column is one outbox_reader reads.
+_EMAILS_ENDED = """SELECT id, trace->>'notice' AS notice, trace->>'message_id' AS message_id, state,
+                stop_reason AS reason, last_error, ended_at
+           FROM agent_action
+          WHERE state = '{state}' AND kind = 'EMAIL' AND ended_at > now() - interval '7 days'
+          ORDER BY ended_at DESC
+          LIMIT 50"""
+EMAILS_SQL = f"""SELECT id, notice, message_id, state, reason, last_error, ended_at
+  FROM (({_EMAILS_ENDED.format(state="UNCERTAIN")})
+        UNION ALL
+        ({_EMAILS_ENDED.format(state="FAILED")})) AS e
+ ORDER BY ended_at DESC
+ LIMIT 50"""
+# a fixed id, so the UNCERTAIN-email alert links to this panel (Grafana gives panels without one their own)
+EMAILS_PANEL_ID = 100
+EMAILS_PANEL_TITLE = "Recent UNCERTAIN and FAILED emails"
+
+
 def quantiles(metric: str, by: str = "le") -> list[Query]:
     return [
         Query(f"histogram_quantile({q}, sum by ({by}) (rate({metric}_bucket{{{KIND}}}[{RATE}])))", f"p{int(q * 100)}")
@@ -221,6 +241,21 @@ def overview() -> dashboard.Dashboard:
                 Query(f"sum(outbox_expired_leases{{{KIND}}})", "lease expired"),
             )
         )
+        .with_row(dashboard.Row("Emails to decide on"))
+        .with_panel(
+            table.Panel()
+            .id(EMAILS_PANEL_ID)
+            .title(EMAILS_PANEL_TITLE)
+            .unit("short")
+            .height(10)
+            .span(24)
+            .datasource(DataSourceRef(type_val="grafana-postgresql-datasource", uid=POSTGRES_UID))
+            .description(
+                "The last 7 days, newest first, read through outbox_reader. Search the provider's logs for the"
+                f" Message-ID; see [the runbook]({RUNBOOK}-uncertain-email)."
+            )
+            .with_target(SqlQuery(EMAILS_SQL))
+        )
         .with_row(dashboard.Row("Lanes"))
         .with_panel(
             table.Panel()
@@ -269,6 +304,7 @@ class Alert:
     description: str
     runbook: str
     no_data: str = "OK"
+    panel_id: int | None = None  # the overview panel Grafana links the alert to
 
     @property
     def expr(self) -> str:
@@ -289,6 +325,7 @@ ALERTS = [
         "outbox cannot know whether an email went out, and will not send it again. Find it with "
         "`outbox list --state UNCERTAIN --kind EMAIL --since 1h` and decide with the recipient's team.",
         "uncertain-email",
+        panel_id=EMAILS_PANEL_ID,
     ),
     Alert(
         "outbox-backlog-stale",
@@ -375,19 +412,20 @@ ALERTS = [
 def grafana_rules() -> dict[str, Any]:
     rules = []
     for alert in ALERTS:
+        annotations = {
+            "summary": alert.summary,
+            "description": alert.description,
+            "runbook_url": f"{RUNBOOK}-{alert.runbook}",
+        }
+        if alert.panel_id is not None:
+            annotations |= {"__dashboardUid__": DASHBOARD_UID, "__panelId__": str(alert.panel_id)}
         rule = (
             alerting.Rule(alert.title)
             .uid(alert.uid)
             .condition("B")
             .for_val(alert.for_)
             .labels({"severity": alert.severity, "service": "outbox"})
-            .annotations(
-                {
-                    "summary": alert.summary,
-                    "description": alert.description,
-                    "runbook_url": f"{RUNBOOK}-{alert.runbook}",
-                }
-            )
+            .annotations(annotations)
             .no_data_state(alert.no_data)
             .exec_err_state("Error")
             .with_query(

@@ -17,12 +17,13 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from sqlalchemy import Engine, text
+from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from dashboards import build
@@ -30,7 +31,8 @@ from examples.accounts import notices, schema
 from outbox.email import EmailAdapter, SmtpSettings, enqueue_email
 from outbox.email.sink import Faults, SmtpSink
 from outbox.executor import Executor
-from tests.support import until
+from tests.support import insert_ended, until
+from tests.test_reader_role import reader_login
 
 ROOT = Path(__file__).resolve().parent.parent
 DASHBOARD = json.loads(build.DASHBOARD_FILE.read_text())
@@ -112,6 +114,62 @@ def test_the_lane_table_reads_as_the_read_only_role(engine: Engine) -> None:
         with pytest.raises(Exception, match="permission denied"):
             conn.execute(text("DELETE FROM agent_action"))
     assert [(r["lane"], r["depth"], r["head_state"]) for r in rows] == [("deep", 3, "ADMITTED")]
+
+
+def test_the_email_table_reads_uncertain_and_failed_emails_as_a_reader_login(
+    engine: Engine, admin_engine: Engine, database_url: str
+) -> None:
+    """The panel's SQL as a LOGIN role granted outbox_reader: the UNCERTAIN and FAILED emails of the last
+    7 days come back with what finds them at the provider, newest first; nothing else does."""
+    uncertain = insert_ended(engine, ended_ago=timedelta(hours=1), state="UNCERTAIN", stop_reason="PROVIDER_UNCERTAIN")
+    failed = insert_ended(engine, ended_ago=timedelta(hours=2), state="FAILED", stop_reason="PROVIDER_REFUSED")
+    done = insert_ended(engine, ended_ago=timedelta(hours=1))
+    old = insert_ended(engine, ended_ago=timedelta(days=8), state="UNCERTAIN", stop_reason="PROVIDER_UNCERTAIN")
+    other_kind = insert_ended(engine, ended_ago=timedelta(hours=1), state="FAILED", stop_reason="PROVIDER_REFUSED")
+    traced = {
+        uncertain[0]: ("workspace_alert", "<outbox.u@example.com>", "data: TimeoutError during or after DATA"),
+        failed[0]: ("verify_address", "<outbox.f@example.com>", "mail: 550; the relay refused it"),
+    }
+    with engine.begin() as conn:
+        conn.execute(text("SET LOCAL session_replication_role = replica"))  # ended rows are guarded
+        for ident in [*uncertain, *failed, *done, *old]:
+            notice, message_id, error = traced.get(ident, ("n", "<m>", "e"))
+            conn.execute(
+                text(
+                    "UPDATE agent_action SET kind = 'EMAIL', last_error = :error,"
+                    " trace = jsonb_build_object('notice', CAST(:notice AS text),"
+                    " 'message_id', CAST(:message_id AS text)) WHERE id = :id"
+                ),
+                {"id": ident, "notice": notice, "message_id": message_id, "error": error},
+            )
+    assert other_kind
+    with reader_login(admin_engine, database_url) as url:
+        reader = create_engine(url)
+        try:
+            with reader.connect() as conn:
+                rows = conn.execute(text(build.EMAILS_SQL)).mappings().all()
+                conn.execute(text("SET enable_seqscan = off"))
+                plan = "\n".join(conn.execute(text(f"EXPLAIN {build.EMAILS_SQL}")).scalars())
+        finally:
+            reader.dispose()
+    assert [
+        (r["id"], r["notice"], r["message_id"], r["state"], r["reason"], r["last_error"], r["ended_at"] is not None)
+        for r in rows
+    ] == [
+        (uncertain[0], *traced[uncertain[0]][:2], "UNCERTAIN", "PROVIDER_UNCERTAIN", traced[uncertain[0]][2], True),
+        (failed[0], *traced[failed[0]][:2], "FAILED", "PROVIDER_REFUSED", traced[failed[0]][2], True),
+    ]
+    assert "ix_agent_action_uncertain" in plan, plan
+
+
+def test_the_uncertain_email_alert_links_to_the_email_table() -> None:
+    grafana = yaml.safe_load(build.GRAFANA_RULES_FILE.read_text())
+    rule = {r["uid"]: r for g in grafana["groups"] for r in g["rules"]}["outbox-email-uncertain"]
+    annotations = rule["annotations"]
+    assert annotations["__dashboardUid__"] == DASHBOARD["uid"]
+    linked = [p for p in DASHBOARD["panels"] if str(p.get("id")) == annotations["__panelId__"]]
+    assert [p["title"] for p in linked] == ["Recent UNCERTAIN and FAILED emails"]
+    assert [t["rawSql"] for t in linked[0]["targets"]] == [build.EMAILS_SQL]
 
 
 @pytest.fixture
