@@ -4,6 +4,7 @@ Prefect server, deployments, the exporter and workers; a small workload; its sum
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -40,6 +41,8 @@ def test_the_demo_runs_every_email_to_its_end_without_duplicates(tmp_path: Path)
     assert "60/60" in output, output[-4000:]
     lines = {line.strip("│ ").split("│")[0].strip(): line for line in output.splitlines() if "│" in line}
     assert "│ 0" in lines["duplicates at the sink"].replace("  ", " ")
+    pickup = lines["pickup p50 / p95 / p99 (due to fence)"]
+    assert re.search(r"[\d,]+ ms / [\d,]+ ms / [\d,]+ ms over \d+ actions", pickup), pickup
     for name in ("Prefect UI answers", "metrics answers", "mailbox answers"):
         assert "yes" in lines[name], lines.get(name)
     assert "using an embedded PostgreSQL" in output
