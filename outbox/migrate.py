@@ -26,6 +26,7 @@ from alembic.util.exc import CommandError
 from sqlalchemy import Connection, text
 
 from outbox.errors import OutboxError
+from outbox.store_ops import STORE_EXISTS
 
 VERSION_TABLE = "outbox_alembic_version"
 # pg_advisory_xact_lock key of outbox's migrations (the bytes of "outbox")
@@ -53,7 +54,6 @@ CREATE TABLE {VERSION_TABLE} (
     text(f"INSERT INTO {VERSION_TABLE} SELECT version_num FROM alembic_version"),
     text("DROP TABLE alembic_version"),
 )
-STORE_EXISTS = text("SELECT to_regclass('agent_action') IS NOT NULL")
 UNENDED_ACTIONS = text("SELECT count(*) FROM agent_action WHERE ended_at IS NULL")
 
 
@@ -75,17 +75,22 @@ def _run(action: str, run: Callable[[], None]) -> None:
         raise MigrationRefused(f"{action}: {error}") from None
 
 
+def _earlier_revision(connection: Connection) -> str | None:
+    """The revision an earlier release left in `alembic_version`, while it has not been moved over."""
+    if connection.execute(text("SELECT to_regclass('alembic_version')")).scalar_one() is None:
+        return None  # the query below names alembic_version: it must exist to be planned
+    earlier = connection.execute(
+        EARLIER_REVISION, {"version_table": VERSION_TABLE, "earlier": list(_EARLIER_REVISIONS)}
+    ).scalar_one_or_none()
+    return None if earlier is None else str(earlier)
+
+
 def prepare(connection: Connection) -> None:
     """Inside the migration's transaction: wait for any other outbox migration, then move an earlier
     release's revision from `alembic_version` to `outbox_alembic_version` (`alembic_version` held only
     outbox's row then, and goes)."""
     connection.execute(LOCK, {"key": MIGRATION_LOCK})
-    if connection.execute(text("SELECT to_regclass('alembic_version')")).scalar_one() is None:
-        return
-    earlier = connection.execute(
-        EARLIER_REVISION, {"version_table": VERSION_TABLE, "earlier": list(_EARLIER_REVISIONS)}
-    ).scalar_one_or_none()
-    if earlier is not None:
+    if _earlier_revision(connection) is not None:
         for statement in ADOPT_EARLIER_REVISION:
             connection.execute(statement)
 
@@ -108,7 +113,7 @@ def upgrade_sql(revisions: str = "base:head") -> str:
 def downgrade(connection: Connection, revision: str = "base", *, force: bool = False) -> None:
     """Migrate down to `revision`; `base` removes every object outbox created. Refused while actions
     have not ended (they would be lost, or their revision's objects with them), unless `force`."""
-    store = connection.execute(STORE_EXISTS).scalar_one()  # a statement on a missing table fails when planned
+    store = connection.execute(STORE_EXISTS).scalar_one()
     unended = int(connection.execute(UNENDED_ACTIONS).scalar_one()) if store else 0
     if unended and not force:
         raise MigrationRefused(
@@ -122,12 +127,9 @@ def downgrade(connection: Connection, revision: str = "base", *, force: bool = F
 
 def current(connection: Connection) -> str | None:
     """The database's outbox revision, or None when outbox was never migrated there."""
-    if connection.execute(text("SELECT to_regclass('alembic_version')")).scalar_one() is not None:
-        earlier = connection.execute(
-            EARLIER_REVISION, {"version_table": VERSION_TABLE, "earlier": list(_EARLIER_REVISIONS)}
-        ).scalar_one_or_none()
-        if earlier is not None:
-            return str(earlier)
+    earlier = _earlier_revision(connection)
+    if earlier is not None:
+        return earlier
     context = MigrationContext.configure(connection, opts={"version_table": VERSION_TABLE})
     return context.get_current_revision()
 

@@ -12,6 +12,9 @@ from sqlalchemy import TextClause, text
 
 from outbox.store import ACTION_COLUMNS
 
+# whether outbox's schema is there at all (a statement that names a missing table fails when planned)
+STORE_EXISTS = text("SELECT to_regclass('agent_action') IS NOT NULL")
+
 # ---- outbox status ---------------------------------------------------------------------------------
 
 # From ix_agent_action_state_created alone (state leads, kind is included).

@@ -24,20 +24,19 @@ from typing import Any
 
 import typer
 from rich.console import Console
-from sqlalchemy import Connection, Engine, text
+from sqlalchemy import Connection, Engine
 from sqlalchemy.pool import NullPool
 
 from outbox.cli.options import Database, hide_passwords, printable
 from outbox.db import sync_engine
 from outbox.errors import OutboxError
 from outbox.states import ActionState
+from outbox.store_ops import STORE_EXISTS
 
 # markup, emoji codes and highlighting off: lane keys, kinds and payloads are printed as they are
 out = Console(markup=False, highlight=False, emoji=False)
 # what a command says about itself (progress, where it listens), away from its output
 err = Console(stderr=True, markup=False, highlight=False, emoji=False)
-
-SCHEMA_EXISTS = text("SELECT to_regclass('agent_action') IS NOT NULL")
 
 
 class _HidingFormatter(logging.Formatter):
@@ -95,7 +94,7 @@ class NotMigrated(DatabaseProblem):
 
 
 def require_schema(conn: Connection) -> None:
-    if not conn.execute(SCHEMA_EXISTS).scalar_one():
+    if not conn.execute(STORE_EXISTS).scalar_one():
         raise NotMigrated()
 
 
