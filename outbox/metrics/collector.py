@@ -44,6 +44,7 @@ from sqlalchemy import Connection, Engine, event, text
 from sqlalchemy.exc import DBAPIError
 
 from outbox import store_metrics as sql
+from outbox.db import fault_text
 from outbox.executor.committer import LATENCY_BUCKETS
 from outbox.executor.results import RESULT_NAMES
 from outbox.kinds import ActionKind
@@ -214,16 +215,7 @@ class OutboxCollector(Collector):
             log.warning("outbox_exporter_up 0: cannot read the outbox database %s: %s", where, self._cause(error))
 
     def _cause(self, error: Exception | None) -> str:
-        """The exception's class and first line, without the database password."""
-        cause: BaseException | None = error.orig if isinstance(error, DBAPIError) and error.orig else error
-        if cause is None:
-            return "unknown"
-        lines = str(cause).strip().splitlines()
-        message = lines[0] if lines else ""
-        password = self._engine.url.password
-        if password:
-            message = message.replace(str(password), "***")
-        return f"{type(cause).__name__}: {message}" if message else type(cause).__name__
+        return "unknown" if error is None else fault_text(error, self._engine.url.password)
 
     def _snapshots_total(self) -> Metric:
         total = CounterMetricFamily(
