@@ -37,6 +37,7 @@ from outbox import Action, ActionKind, ActionRequest, InvalidRequest
 from outbox.requests import MAX_ATTEMPTS, MAX_KEY_LENGTH, MAX_PAYLOAD_BYTES, MAX_PAYLOAD_DEPTH, validate
 from outbox.store import SELECT_ACTION
 from tests import kinds
+from tests.test_enqueue import request
 from tests.test_enqueue_psycopg import libpq_url
 
 _HEALTH = [HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.data_too_large]
@@ -65,18 +66,6 @@ _markers = itertools.count(1)
 
 
 # -- requests and values
-
-
-def request(**changes: Any) -> ActionRequest:
-    values: dict[str, Any] = {
-        "kind": kinds.NOOP,
-        "workspace_id": 7,
-        "lane_key": "workspace:7",
-        "idempotency_key": "welcome:7",
-        "payload": {"account_id": 42},
-    }
-    values.update(changes)
-    return ActionRequest(**values)
 
 
 def email(payload: Any) -> ActionRequest:
