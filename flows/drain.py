@@ -1,30 +1,65 @@
-"""outbox-drain: one bounded executor window per flow run.
+"""outbox-drain: one executor per flow run, relayed from run to run so the history stays small.
 
-    scheduled run ──▶ Executor.run(max_seconds, max_actions), woken by NOTIFY in between
-                  ──▶ one INFO summary line, a table artifact (outcomes by kind and result, top lanes)
+    scheduled run ──▶ Executor.run() until it hands over, is stopped, or spends a given budget
+                  ├─ every 2 s: the deployment's Running runs, newest first, and the pool's ONLINE workers;
+                  │  a run with as many newer runs as there are workers hands over (stops its executor)
+                  ├─ each action ended UNCERTAIN, and each EMAIL ended FAILED ──▶ one Prefect event
+                  └─▶ one INFO summary line; a table artifact only when the run attempted something
+
+The relay. The deployment starts one run per schedule tick (every 300 s by default: 288 runs a day). A run
+keeps its executor until a newer run is Running and the runs newer than it number as many as the pool's
+ONLINE workers; then it stops claiming and ends. With N workers, N runs (so N executors) are Running in
+steady state, each for about N ticks, and a handover overlaps the successor by at most one check (2 s)
+plus the hand-back, so the count never drops while a successor exists. Which worker takes a tick is
+Prefect's choice (the first to poll), so a worker may hold two runs while another holds none.
 
 No Prefect task per action: an action is plain Python inside the run, so Prefect's retries and state
-records never fight the outbox's own attempts. SIGTERM (a stopped worker, a cancelled run) stops the
-executor the outbox way: claimed actions that have not fenced go back to their lanes, fenced ones finish
-inside their window. Each run is a fresh subprocess, which is why the metrics live in the database.
+records never fight the outbox's own attempts. SIGTERM (from `outbox worker` when its replica stops, or
+from a cancellation) stops the executor the outbox way: claimed actions that have not fenced go back to
+their lanes, fenced ones finish inside their window, and the run ends Completed. Each run is a fresh
+subprocess, which is why the metrics live in the database.
+
+Events: `outbox.action.uncertain` (any kind) and `outbox.action.failed` (EMAIL). The resource is the action
+(`outbox.action.<id>`) with its kind, state, reason and, for an email, the notice's name; never a recipient
+or payload.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
+import socket
+from datetime import UTC, datetime
 from typing import Any
+from uuid import UUID
 
 from prefect import flow, get_run_logger
 from prefect.artifacts import acreate_table_artifact
+from prefect.client.orchestration import PrefectClient, get_client
+from prefect.client.schemas.filters import (
+    DeploymentFilter,
+    DeploymentFilterId,
+    FlowRunFilter,
+    FlowRunFilterState,
+    FlowRunFilterStateType,
+    WorkerFilter,
+    WorkerFilterStatus,
+)
+from prefect.client.schemas.objects import FlowRun, StateType
+from prefect.events import emit_event
+from prefect.runtime import flow_run as this_run
 
 from outbox.db import async_engine, sync_engine
 from outbox.executor import Executor, ExecutorConfig
 from outbox.executor.adapter import load_adapters
-from outbox.executor.outcomes import Outcomes
+from outbox.executor.outcomes import EndedAction, Outcomes
 from outbox.ops import lanes
 from outbox.settings import load_settings
+
+# how often a run looks for its successor; a handover overlaps by at most this much plus the hand-back
+HANDOVER_CHECK_SECONDS = 2.0
 
 
 def ship_outbox_logs() -> None:
@@ -36,14 +71,38 @@ def ship_outbox_logs() -> None:
             target.addHandler(handler)
 
 
-@flow(name="outbox-drain", retries=0, log_prints=False)
+def run_name() -> str:
+    """`<worker> <window start, UTC>`: which replica ran the window, and when it was due."""
+    worker = os.environ.get("PREFECT__WORKER_NAME") or socket.gethostname()
+    start = this_run.scheduled_start_time.astimezone(UTC)
+    return f"{worker} {start:%Y-%m-%d %H:%M:%S}Z"
+
+
+@flow(name="outbox-drain", flow_run_name=run_name, retries=0, log_prints=False)
 async def drain(
-    max_seconds: float = 50.0,
-    max_actions: int = 10_000,
+    max_seconds: float | None = None,
+    max_actions: int | None = None,
     concurrency: int = 64,
     adapters: str = "outbox.email:email_adapters",
 ) -> dict[str, Any]:
-    """Carry out actions for at most `max_seconds` or `max_actions` claims, then return a summary."""
+    """Carry out actions until a newer run takes over (in a deployment), SIGTERM, or a given budget is
+    spent (`max_seconds`, `max_actions`: none by default); return a summary."""
+    loop = asyncio.get_running_loop()
+    stop_requested = asyncio.Event()
+    loop.add_signal_handler(signal.SIGTERM, stop_requested.set)
+    try:
+        return await _drain(stop_requested, max_seconds, max_actions, concurrency, adapters)
+    finally:
+        loop.remove_signal_handler(signal.SIGTERM)
+
+
+async def _drain(
+    stop_requested: asyncio.Event,
+    max_seconds: float | None,
+    max_actions: int | None,
+    concurrency: int,
+    adapters: str,
+) -> dict[str, Any]:
     ship_outbox_logs()
     logger = get_run_logger()
     settings = load_settings()
@@ -53,15 +112,20 @@ async def drain(
     engine = async_engine(url, pool_size=4, max_overflow=4, **settings.engine_timeouts())
     config = ExecutorConfig(concurrency=concurrency, lease_seconds=settings.lease_seconds)
     executor = Executor(engine, load_adapters(adapters)(engine), config)
-    loop = asyncio.get_running_loop()
-    loop.add_signal_handler(signal.SIGTERM, executor.stop)
-    started = loop.time()
+    executor.outcomes.listeners.append(emit_ended)
+    await tag_run(executor.kinds, settings.environment)
+    started = asyncio.get_running_loop().time()
+    watchers = [asyncio.create_task(_stop_on(stop_requested, executor))]
+    if this_run.get_id() is not None:
+        watchers.append(asyncio.create_task(hand_over_when_relieved(executor, logger)))
     try:
         outcomes = await executor.run(max_actions=max_actions, max_seconds=max_seconds)
     finally:
-        loop.remove_signal_handler(signal.SIGTERM)
+        for watcher in watchers:
+            watcher.cancel()
+        await asyncio.gather(*watchers, return_exceptions=True)
         await engine.dispose()
-    seconds = loop.time() - started
+    seconds = asyncio.get_running_loop().time() - started
     summary = summarize(outcomes, seconds)
     logger.info(
         "drained %s attempts in %.1f s: %s",
@@ -69,13 +133,99 @@ async def drain(
         seconds,
         ", ".join(f"{k} {v}" for k, v in sorted(summary["by_result"].items())) or "nothing due",
     )
-    rows = await asyncio.to_thread(artifact_rows, outcomes, url)
-    await acreate_table_artifact(
-        table=rows,
-        key="outbox-drain-summary",
-        description="Attempts by kind and result; the deepest lanes after the run.",
-    )
+    if outcomes.attempted or outcomes.ended_count:
+        rows = await asyncio.to_thread(artifact_rows, outcomes, url)
+        await acreate_table_artifact(
+            table=rows,
+            key="outbox-drain-summary",
+            description="Attempts by kind and result; the deepest lanes after the run.",
+        )
     return summary
+
+
+async def _stop_on(stop_requested: asyncio.Event, executor: Executor) -> None:
+    await stop_requested.wait()
+    executor.stop()
+
+
+async def tag_run(kinds: list[str], environment: str) -> None:
+    """Add `kind:<KIND>` for each kind the run carries out and `env:<environment>` to this run's tags."""
+    run_id = this_run.get_id()
+    if run_id is None:
+        return
+    async with get_client() as client:
+        run = await client.read_flow_run(UUID(run_id))
+        tags = set(run.tags) | {f"kind:{kind}" for kind in kinds} | {f"env:{environment}"}
+        await client.update_flow_run(run.id, tags=sorted(tags))
+
+
+async def hand_over_when_relieved(executor: Executor, logger: Any) -> None:
+    """Stop the executor once enough newer runs of this deployment are Running (see the module docstring).
+    The Prefect API being unreachable never stops the executor: the run keeps draining and looks again."""
+    run_id = UUID(str(this_run.get_id()))
+    failing = False
+    async with get_client() as client:
+        me = await client.read_flow_run(run_id)
+        if me.deployment_id is None or me.work_pool_name is None:
+            return  # a run started outside a deployment relays nothing: it ends on its budget or SIGTERM
+        while True:
+            await asyncio.sleep(HANDOVER_CHECK_SECONDS)
+            try:
+                running, workers = await _relay_view(client, me)
+            except Exception as error:  # the API is down or slow: keep draining
+                if not failing:
+                    logger.warning("cannot see the other drain runs (%s); draining on", type(error).__name__)
+                failing = True
+                continue
+            failing = False
+            newer = relieved_by(run_id, running, workers)
+            if newer is not None:
+                logger.info("handing over: %s newer runs for %s ONLINE workers", newer, workers)
+                executor.stop()
+                return
+
+
+async def _relay_view(client: PrefectClient, me: FlowRun) -> tuple[list[tuple[datetime, UUID]], int]:
+    """This deployment's Running runs (start time, id) and the number of ONLINE workers in its pool."""
+    assert me.deployment_id is not None and me.work_pool_name is not None
+    runs = await client.read_flow_runs(
+        deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[me.deployment_id])),
+        flow_run_filter=FlowRunFilter(state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.RUNNING]))),
+        limit=200,
+    )
+    workers = await client.read_workers_for_work_pool(
+        me.work_pool_name, worker_filter=WorkerFilter(status=WorkerFilterStatus(any_=["ONLINE"]))
+    )
+    return [(run.start_time, run.id) for run in runs if run.start_time is not None], len(workers)
+
+
+def relieved_by(me: UUID, running: list[tuple[datetime, UUID]], workers: int) -> int | None:
+    """How many runs are newer than `me` when they are at least `workers` (so `me` should hand over);
+    None while `me` is still needed, when it is not among the running, or when no worker is ONLINE."""
+    if workers < 1:
+        return None
+    order = sorted(running, reverse=True)
+    newer = next((index for index, (_, run) in enumerate(order) if run == me), None)
+    if newer is None or newer < workers:
+        return None
+    return newer
+
+
+def emit_ended(action: EndedAction) -> None:
+    """One Prefect event for an action that ended UNCERTAIN, or an EMAIL that ended FAILED."""
+    if action.state != "UNCERTAIN" and not (action.state == "FAILED" and action.kind == "EMAIL"):
+        return
+    emit_event(
+        event=f"outbox.action.{action.state.lower()}",
+        resource={
+            "prefect.resource.id": f"outbox.action.{action.id}",
+            "prefect.resource.name": f"{action.kind} action {action.id}",
+            "outbox.kind": action.kind,
+            "outbox.state": action.state,
+            "outbox.reason": action.reason,
+            "outbox.notice": action.notice or "",
+        },
+    )
 
 
 def summarize(outcomes: Outcomes, seconds: float) -> dict[str, Any]:

@@ -1,10 +1,15 @@
 """outbox-purge: the retention purge on a daily schedule, one run at a time.
 
 scheduled run ──▶ outbox.retention.purge_ended (short batches) ──▶ INFO line + table artifact
+
+SIGTERM (its worker stopping) ends the purge after the batch it is in, and the run Completed: every batch
+commits on its own, and the next day's run takes up the rest.
 """
 
 from __future__ import annotations
 
+import signal
+import threading
 from datetime import timedelta
 from typing import Any
 
@@ -24,12 +29,18 @@ def purge(retention_days: float = 30, batch_size: int = PURGE_BATCH_SIZE) -> dic
     url = settings.database_url
     if not url:
         raise ValueError("OUTBOX_DATABASE_URL is not set for the purge flow")
+    stop = threading.Event()
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, lambda *_: stop.set()) if in_main_thread else None
     engine = sync_engine(url, pool_size=1, **settings.engine_timeouts())
     try:
-        removed = purge_ended(engine, older_than=timedelta(days=retention_days), batch_size=batch_size)
+        removed = purge_ended(engine, older_than=timedelta(days=retention_days), batch_size=batch_size, stop=stop)
     finally:
         engine.dispose()
-    get_run_logger().info("purged %s actions that ended more than %s days ago", removed, retention_days)
+        if in_main_thread:
+            signal.signal(signal.SIGTERM, previous)
+    ending = "stopped early by SIGTERM: " if stop.is_set() else ""
+    get_run_logger().info("%spurged %s actions that ended more than %s days ago", ending, removed, retention_days)
     create_table_artifact(
         table=[{"retention_days": retention_days, "removed": removed}],
         key="outbox-purge-summary",

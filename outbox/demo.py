@@ -69,7 +69,7 @@ def run_demo(
             stack.start()
         console.print(f"Prefect UI: {stack.prefect_url}   metrics: {stack.metrics_url}   mailbox: {stack.mailbox_url}")
         first_id, started = enqueue_workload(engine, emails, lanes), time.monotonic()
-        stack.run_drain_now()  # the first scheduled tick may be 15 s away
+        stack.run_drain_now()  # one run per worker now: the first scheduled tick may be 300 s away
         unsubscribe_some(engine, first_id, unsubscribe)
         wait_for_the_end(engine, first_id, emails, timeout)
         elapsed = time.monotonic() - started

@@ -11,6 +11,7 @@ by name.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from datetime import UTC, datetime, timedelta
@@ -61,11 +62,15 @@ async def _transaction_async(bind: AsyncEngine | AsyncConnection) -> AsyncIterat
 
 
 def purge_ended(
-    bind: Engine | Connection, older_than: timedelta = RETENTION, batch_size: int = PURGE_BATCH_SIZE
+    bind: Engine | Connection,
+    older_than: timedelta = RETENTION,
+    batch_size: int = PURGE_BATCH_SIZE,
+    stop: threading.Event | None = None,
 ) -> int:
     """Delete the actions that ended more than `older_than` ago, batch by batch; return how many went.
 
-    `bind` is an engine, or a connection outside a transaction: every batch commits on its own.
+    `bind` is an engine, or a connection outside a transaction: every batch commits on its own. Once `stop`
+    is set, the purge ends after the batch it is in (the next run takes up the rest).
     """
     _check(older_than, batch_size)
     if isinstance(bind, Connection):
@@ -81,6 +86,8 @@ def purge_ended(
             if batch.deleted < batch_size:
                 _record_success(conn, deleted)
                 return deleted
+        if stop is not None and stop.is_set():
+            return deleted
         params["after"] = batch.last_ended_at
 
 

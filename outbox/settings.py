@@ -26,6 +26,8 @@ class Settings(BaseSettings):
 
     # a claim's lease in the drain flow's executor (more than the 60 s write window)
     lease_seconds: float = 300.0
+    # names this installation in the drain runs' Prefect tags (`env:<environment>`)
+    environment: str = "default"
 
     # the SMTP relay of the email adapter (the password is never logged)
     smtp_host: str = "127.0.0.1"

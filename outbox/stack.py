@@ -1,8 +1,8 @@
 """The local stack of `outbox demo`: every process it starts, and how it stops them (by PID).
 
     embedded PostgreSQL (or OUTBOX_DATABASE_URL) ─ migrate ─ example application
-    SMTP sink (+ its mailbox page) ─ Prefect server ─ work pool, zombie automation, deployments
-    metrics exporter ─ N Prefect workers (each a replica running outbox-drain flow runs)
+    SMTP sink (+ its mailbox page) ─ Prefect server (flow runs kept 14 days) ─ work pool, zombie
+    automation, deployments ─ metrics exporter ─ N `outbox worker` replicas running outbox-drain flow runs
 
 Prefect is driven through its command line, so `outbox` never imports it. Every server listens on
 127.0.0.1; every child is started here and stopped here, SIGTERM first, then SIGKILL after a grace period.
@@ -103,28 +103,20 @@ class Stack:
             self.start_worker(f"worker-{n + 1}")
         wait_until_answers(self.metrics_url, 30, "the metrics exporter")
 
-    def run_drain_now(self) -> None:
-        """Start one outbox-drain run per worker now, instead of waiting for the schedule's next tick."""
-        for _ in range(self.workers):
+    def run_drain_now(self, runs: int | None = None) -> None:
+        """Start `runs` outbox-drain runs (one per worker by default) now, as the schedule's ticks would."""
+        for _ in range(self.workers if runs is None else runs):
             self._prefect("deployment", "run", "outbox-drain/outbox-drain")
 
     def start_worker(self, name: str) -> subprocess.Popen[bytes]:
-        return self._spawn(
-            name,
-            [
-                sys.executable,
-                "-m",
-                "prefect",
-                "worker",
-                "start",
-                "--pool",
-                "outbox",
-                "--type",
-                "process",
-                "--name",
-                f"outbox-{name}",
-            ],
-        )
+        command = [sys.executable, "-m", "outbox.cli", "worker", "--name", f"outbox-{name}", "--grace", "30"]
+        return self._spawn(name, command)
+
+    def stop_worker(self, name: str) -> int:
+        """SIGTERM one worker, as a replica being stopped; its runs hand back and end. Returns its exit code."""
+        process = self.processes.pop(name)
+        process.send_signal(signal.SIGTERM)
+        return process.wait(60)
 
     def env(self) -> dict[str, str]:
         assert self.sink is not None
@@ -143,10 +135,14 @@ class Stack:
             "PREFECT_HOME": str(self.workdir / "prefect"),
             "PREFECT_API_URL": f"{self.prefect_url}/api",
             "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+            # flow runs that ended more than 14 days ago are removed, looked for hourly
+            "PREFECT_SERVER_SERVICES_DB_VACUUM_ENABLED": "events,flow_runs",
+            "PREFECT_SERVER_SERVICES_DB_VACUUM_RETENTION_PERIOD": str(14 * 86_400),
             "PREFECT_WORKER_QUERY_SECONDS": "1",
             "PREFECT_WORKER_PREFETCH_SECONDS": "5",
             "PREFECT_FLOWS_HEARTBEAT_FREQUENCY": "30",
             "PREFECT_LOGGING_EXTRA_LOGGERS": "outbox",
+            "OUTBOX_ENVIRONMENT": "demo",
         }
 
     def _start_prefect(self) -> None:
@@ -222,7 +218,7 @@ class Stack:
             if process.poll() is None:
                 process.send_signal(signal.SIGTERM)
             try:
-                process.wait(90)
+                process.wait(60)
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait(10)

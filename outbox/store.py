@@ -123,7 +123,7 @@ UPDATE agent_action AS a
                                THEN now() + make_interval(secs => :lease_seconds) END
   FROM stale AS s
  WHERE a.id = s.id AND (s.next_state = 'EXECUTING' OR s.lane_key IN (SELECT lane_key FROM lanes))
-RETURNING {CLAIMED_COLUMNS}, a.state, a.stop_reason
+RETURNING {CLAIMED_COLUMNS}, a.state, a.stop_reason, a.trace ->> 'notice' AS notice
 """)
 
 # Actions that expired before they started end CANCELLED / EXPIRED.

@@ -23,7 +23,7 @@ from typing import NoReturn
 import typer
 from typer.exceptions import TyperException
 
-from outbox.cli import changes, db, demo, metrics, ops, run
+from outbox.cli import changes, db, demo, metrics, ops, run, worker
 from outbox.cli.options import hide_passwords, printable, remember_passwords
 from outbox.errors import OutboxError
 
@@ -47,6 +47,7 @@ app.command("refuse")(changes.refuse)
 app.command("cancel")(changes.cancel)
 app.command("erase-account")(changes.erase_account)
 app.command("purge")(changes.purge)
+app.command("worker", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(worker.worker)
 
 
 def _failure(error: Exception) -> tuple[int, str] | None:

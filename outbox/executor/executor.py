@@ -124,6 +124,11 @@ class Executor:
         # names this executor's heartbeat row (agent_executor)
         self.executor_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
+    @property
+    def kinds(self) -> list[str]:
+        """The kinds this executor carries out (one adapter each), sorted."""
+        return list(self._kinds)
+
     # ---- control ---------------------------------------------------------------------------------
 
     def stop(self) -> None:
@@ -231,7 +236,7 @@ class Executor:
                 log.info("action %s: lease expired, claimed again (attempt %s)", row.id, row.attempt)
                 self._spawn(self._claimed(row, fresh=False))
             else:
-                self.outcomes.end(row.id, row.kind, row.state, row.stop_reason)
+                self.outcomes.end(row.id, row.kind, row.state, row.stop_reason, row.notice)
         return len(expired) + len(taken)
 
     async def _execute(self, statement: Any, params: dict[str, Any]) -> list[Row[Any]]:
@@ -339,7 +344,7 @@ class Executor:
         recorded = await self._committer.finish(action, write, report)
         self.outcomes.attempt(action.kind.name, result_name(result), recorded)
         if recorded and write is not None and write.stop_reason is not None:
-            self.outcomes.end(action.id, action.kind.name, write.state, write.stop_reason)
+            self.outcomes.end(action.id, action.kind.name, write.state, write.stop_reason, notice_of(action))
         if not recorded and write is not None:
             log.info(
                 "action %s: %s under epoch %s was not recorded (a newer claim or an erasure)",
@@ -347,6 +352,12 @@ class Executor:
                 result_name(result),
                 action.epoch,
             )
+
+
+def notice_of(action: ClaimedAction) -> str | None:
+    """The notice an EMAIL action's payload names (checked at enqueue); None for every other kind."""
+    notice = action.payload.get("notice") if action.kind is ActionKind.EMAIL else None
+    return notice if isinstance(notice, str) else None
 
 
 def _uncertain_after_error(reason: str) -> Uncertain:

@@ -1,0 +1,43 @@
+"""`outbox worker`: one replica of the Prefect deployments, a process worker that stops in order."""
+
+from __future__ import annotations
+
+import socket
+
+import typer
+
+# the longest `outbox worker` waits for its runs to hand back: a fenced write has 60 s to finish
+MAX_GRACE_SECONDS = 3_600
+
+
+def worker(
+    ctx: typer.Context,
+    pool: str = typer.Option("outbox", help="The Prefect work pool (type process) to take runs from."),
+    name: str | None = typer.Option(
+        None, help="The worker's name in Prefect, and in its drain runs' names. Default: outbox-<hostname>."
+    ),
+    grace: float = typer.Option(
+        90.0,
+        min=0,
+        max=MAX_GRACE_SECONDS,
+        help="On SIGTERM, seconds the worker's runs get to hand back and end before they are killed.",
+    ),
+) -> None:
+    """Run a Prefect process worker for outbox's deployments. On SIGTERM its drain runs hand back their
+    actions and end Completed; runs not started yet end Cancelled. Options after `--` go to
+    `prefect worker start`."""
+    import importlib.util
+    import logging
+    import sys
+
+    missing = [module for module in ("prefect", "psutil") if importlib.util.find_spec(module) is None]
+    if missing:
+        raise ValueError(
+            f"outbox worker needs the prefect extra ({', '.join(missing)} missing): pip install 'outbox[prefect]'"
+        )
+    from outbox.worker import PrefectApi, Supervisor, worker_command
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    command = worker_command(pool, name or f"outbox-{socket.gethostname()}", ctx.args)
+    code = Supervisor(command, PrefectApi.from_environment(), grace).run()
+    sys.exit(code)

@@ -1,0 +1,183 @@
+"""`outbox worker`: a Prefect process worker that stops in order.
+
+    outbox worker ─▶ python -m prefect worker start --pool POOL --type process --name NAME [options]
+                     (in a session of its own: a Ctrl-C reaches this supervisor only)
+    first SIGTERM or SIGINT:
+      1. SIGSTOP the Prefect worker, so it takes no new run while its runs stop
+      2. each flow run it started: Running ─▶ SIGTERM (the drain hands back and ends Completed)
+                                   not Running yet ─▶ SIGKILL, then set Cancelled through the Prefect API
+      3. wait for the Running ones to exit (at most `grace` seconds; then SIGKILL: their leases expire
+         and another replica takes their actions back, or ends an at-most-once one UNCERTAIN)
+      4. SIGCONT and SIGTERM the Prefect worker; exit with its exit code
+    second SIGTERM or SIGINT: SIGKILL the worker and its runs now
+
+Why: on SIGTERM, Prefect's process worker kills the processes of its flow runs at once. Their runs stay
+Running until a zombie automation marks them Crashed, and a run it had just submitted stays Pending.
+
+The Prefect API is found as the worker finds it, in PREFECT_API_URL (with PREFECT_API_KEY or
+PREFECT_API_AUTH_STRING when the server asks for one).
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import dataclass
+from types import FrameType
+
+import psutil
+
+from outbox.errors import OutboxError
+
+log = logging.getLogger("outbox.worker")
+
+
+class WorkerSetupError(OutboxError):
+    """`outbox worker` cannot start as asked."""
+
+
+@dataclass(frozen=True)
+class FlowRunProcess:
+    run_id: str
+    process: psutil.Process
+
+
+class PrefectApi:
+    """The two calls the supervisor makes: a flow run's state type, and ending a run Cancelled."""
+
+    def __init__(self, url: str, api_key: str | None, auth_string: str | None) -> None:
+        self.url = url.rstrip("/")
+        self.headers = {"Content-Type": "application/json"}
+        if api_key:
+            self.headers["Authorization"] = f"Bearer {api_key}"
+        elif auth_string:
+            self.headers["Authorization"] = "Basic " + base64.b64encode(auth_string.encode()).decode()
+
+    @classmethod
+    def from_environment(cls) -> PrefectApi:
+        url = os.environ.get("PREFECT_API_URL")
+        if not url:
+            raise WorkerSetupError("PREFECT_API_URL is not set: outbox worker needs the Prefect API it works for")
+        return cls(url, os.environ.get("PREFECT_API_KEY"), os.environ.get("PREFECT_API_AUTH_STRING"))
+
+    def state_type(self, run_id: str) -> str | None:
+        state = self._call("GET", f"/flow_runs/{run_id}").get("state")
+        kind = state.get("type") if isinstance(state, dict) else None
+        return kind if isinstance(kind, str) else None
+
+    def cancel(self, run_id: str, message: str) -> None:
+        body = {"state": {"type": "CANCELLED", "message": message}, "force": True}
+        self._call("POST", f"/flow_runs/{run_id}/set_state", body)
+
+    def _call(self, method: str, path: str, body: object | None = None) -> dict[str, object]:
+        data = json.dumps(body).encode() if body is not None else None
+        request = urllib.request.Request(self.url + path, data=data, method=method, headers=self.headers)
+        with urllib.request.urlopen(request, timeout=10) as response:
+            answer: dict[str, object] = json.loads(response.read() or b"{}")
+            return answer
+
+
+def worker_command(pool: str, name: str, prefect_options: Sequence[str]) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "prefect",
+        "worker",
+        "start",
+        "--pool",
+        pool,
+        "--type",
+        "process",
+        "--name",
+        name,
+        *prefect_options,
+    ]
+
+
+def flow_run_processes(worker_pid: int) -> list[FlowRunProcess]:
+    """The topmost process of each flow run the worker started (it names its run in PREFECT__FLOW_RUN_ID)."""
+    found: dict[str, FlowRunProcess] = {}
+    try:
+        descendants = psutil.Process(worker_pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+    for process in descendants:  # parents come before their children
+        with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
+            run_id = process.environ().get("PREFECT__FLOW_RUN_ID")
+            if run_id and run_id not in found:
+                found[run_id] = FlowRunProcess(run_id, process)
+    return list(found.values())
+
+
+class Supervisor:
+    def __init__(self, command: list[str], api: PrefectApi, grace_seconds: float) -> None:
+        self.command = command
+        self.api = api
+        self.grace_seconds = grace_seconds
+        self._signals = 0
+        self._stop = threading.Event()
+        self._worker: subprocess.Popen[bytes] | None = None
+
+    def run(self) -> int:
+        signal.signal(signal.SIGTERM, self._on_signal)
+        signal.signal(signal.SIGINT, self._on_signal)
+        self._worker = subprocess.Popen(self.command, start_new_session=True)
+        while self._worker.poll() is None and not self._stop.wait(0.5):
+            pass
+        if self._worker.poll() is None:
+            self.stop_in_order(self._worker)
+        return self._worker.wait()
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        self._signals += 1
+        if self._signals == 1:
+            self._stop.set()
+        elif self._worker is not None:  # a second signal: no more waiting
+            for run in flow_run_processes(self._worker.pid):
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    run.process.kill()
+            self._worker.kill()
+
+    def stop_in_order(self, worker: subprocess.Popen[bytes]) -> None:
+        log.info("stopping: the worker takes no new run; its runs hand back and end")
+        worker.send_signal(signal.SIGSTOP)
+        try:
+            running = []
+            for run in flow_run_processes(worker.pid):
+                if self._state_type(run.run_id) == "RUNNING":
+                    run.process.send_signal(signal.SIGTERM)
+                    running.append(run)
+                else:
+                    self._cancel_unstarted(run)
+            _, alive = psutil.wait_procs([run.process for run in running], timeout=self.grace_seconds)
+            for process in alive:
+                log.warning("flow run process %s did not end within %.0f s: killed", process.pid, self.grace_seconds)
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    process.kill()
+        finally:
+            worker.send_signal(signal.SIGCONT)
+            worker.send_signal(signal.SIGTERM)
+
+    def _state_type(self, run_id: str) -> str | None:
+        try:
+            return self.api.state_type(run_id)
+        except OSError as error:  # the API cannot tell: stop the run the orderly way
+            log.warning("cannot read flow run %s (%s): stopping it as a running one", run_id, error)
+            return "RUNNING"
+
+    def _cancel_unstarted(self, run: FlowRunProcess) -> None:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            run.process.kill()
+        try:
+            self.api.cancel(run.run_id, "Its worker stopped before the run started.")
+        except OSError as error:
+            log.warning("cannot cancel flow run %s (%s): it stays as it is", run.run_id, error)
