@@ -78,6 +78,8 @@ class Stack:
     adapters: str = "examples.accounts:adapters"
     # a shorter lease makes a killed worker's actions come back sooner (tests)
     lease_seconds: float = 300.0
+    # the deployments to apply (a copy with a shorter drain interval speeds a soak up)
+    prefect_file: Path = ROOT / "deploy" / "prefect.yaml"
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     sink: SmtpSink | None = None
     prefect_url: str = ""
@@ -95,7 +97,7 @@ class Stack:
         self._start_prefect()
         self._prefect("work-pool", "create", "outbox", "--type", "process", "--overwrite")
         self._prefect("automation", "create", "--from-file", str(ROOT / "deploy" / "prefect-automations.yaml"))
-        self._prefect("--no-prompt", "deploy", "--all", "--prefect-file", str(ROOT / "deploy" / "prefect.yaml"))
+        self._prefect("--no-prompt", "deploy", "--all", "--prefect-file", str(self.prefect_file))
         metrics_port = free_port()
         self._spawn("exporter", [sys.executable, "-m", "outbox.cli", "metrics", "serve", "--port", str(metrics_port)])
         self.metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
