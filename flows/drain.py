@@ -1,16 +1,18 @@
 """outbox-drain: one executor per flow run, relayed from run to run so the history stays small.
 
     scheduled run ──▶ Executor.run() until it hands over, is stopped, or spends a given budget
-                  ├─ every 2 s: the deployment's Running runs, newest first, and the pool's ONLINE workers;
+                  ├─ once claiming: tag the run kind:<KIND> and env:<environment>
+                  ├─ every 2 s: the deployment's claiming runs, newest first, and the pool's ONLINE workers;
                   │  a run with as many newer runs as there are workers hands over (stops its executor)
                   ├─ each action ended UNCERTAIN, and each EMAIL ended FAILED ──▶ one Prefect event
                   └─▶ one INFO summary line; a table artifact only when the run attempted something
 
 The relay. The deployment starts one run per schedule tick (every 300 s by default: 288 runs a day). A run
-keeps its executor until a newer run is Running and the runs newer than it number as many as the pool's
-ONLINE workers; then it stops claiming and ends. With N workers, N runs (so N executors) are Running in
-steady state, each for about N ticks, and a handover overlaps the successor by at most one check (2 s)
-plus the hand-back, so the count never drops while a successor exists. Which worker takes a tick is
+tags itself (`kind:<KIND>`, `env:<environment>`) once its executor claims, and keeps its executor until
+the tagged runs newer than it number as many as the pool's ONLINE workers; then it stops claiming and
+ends. With N workers, N runs (so N executors) are Running in steady state, each for about N ticks. A
+handover starts only once the successor's executor claims, and overlaps it by at most one check (2 s)
+plus the hand-back, so the count of executors never drops at a handover. Which worker takes a tick is
 Prefect's choice (the first to poll), so a worker may hold two runs while another holds none.
 
 No Prefect task per action: an action is plain Python inside the run, so Prefect's retries and state
@@ -113,9 +115,11 @@ async def _drain(
     config = ExecutorConfig(concurrency=concurrency, lease_seconds=settings.lease_seconds)
     executor = Executor(engine, load_adapters(adapters)(engine), config)
     executor.outcomes.listeners.append(emit_ended)
-    await tag_run(executor.kinds, settings.environment)
     started = asyncio.get_running_loop().time()
-    watchers = [asyncio.create_task(_stop_on(stop_requested, executor))]
+    watchers = [
+        asyncio.create_task(_stop_on(stop_requested, executor)),
+        asyncio.create_task(tag_when_claiming(executor, settings.environment)),
+    ]
     if this_run.get_id() is not None:
         watchers.append(asyncio.create_task(hand_over_when_relieved(executor, logger)))
     try:
@@ -148,14 +152,16 @@ async def _stop_on(stop_requested: asyncio.Event, executor: Executor) -> None:
     executor.stop()
 
 
-async def tag_run(kinds: list[str], environment: str) -> None:
-    """Add `kind:<KIND>` for each kind the run carries out and `env:<environment>` to this run's tags."""
+async def tag_when_claiming(executor: Executor, environment: str) -> None:
+    """Once the executor claims, add `kind:<KIND>` for each kind it carries out and `env:<environment>` to
+    this run's tags. The relay counts a run only once it carries them: its executor is up."""
+    await executor.claiming.wait()
     run_id = this_run.get_id()
     if run_id is None:
         return
     async with get_client() as client:
         run = await client.read_flow_run(UUID(run_id))
-        tags = set(run.tags) | {f"kind:{kind}" for kind in kinds} | {f"env:{environment}"}
+        tags = set(run.tags) | {f"kind:{kind}" for kind in executor.kinds} | {f"env:{environment}"}
         await client.update_flow_run(run.id, tags=sorted(tags))
 
 
@@ -186,7 +192,8 @@ async def hand_over_when_relieved(executor: Executor, logger: Any) -> None:
 
 
 async def _relay_view(client: PrefectClient, me: FlowRun) -> tuple[list[tuple[datetime, UUID]], int]:
-    """This deployment's Running runs (start time, id) and the number of ONLINE workers in its pool."""
+    """This deployment's Running runs whose executor claims (start time, id), and the number of ONLINE
+    workers in its pool."""
     assert me.deployment_id is not None and me.work_pool_name is not None
     runs = await client.read_flow_runs(
         deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[me.deployment_id])),
@@ -196,7 +203,8 @@ async def _relay_view(client: PrefectClient, me: FlowRun) -> tuple[list[tuple[da
     workers = await client.read_workers_for_work_pool(
         me.work_pool_name, worker_filter=WorkerFilter(status=WorkerFilterStatus(any_=["ONLINE"]))
     )
-    return [(run.start_time, run.id) for run in runs if run.start_time is not None], len(workers)
+    claiming = [run for run in runs if run.start_time is not None and any(t.startswith("kind:") for t in run.tags)]
+    return [(run.start_time, run.id) for run in claiming], len(workers)
 
 
 def relieved_by(me: UUID, running: list[tuple[datetime, UUID]], workers: int) -> int | None:

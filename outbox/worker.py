@@ -6,6 +6,7 @@
       1. SIGSTOP the Prefect worker, so it takes no new run while its runs stop
       2. each flow run it started: Running ─▶ SIGTERM (the drain hands back and ends Completed)
                                    not Running yet ─▶ SIGKILL, then set Cancelled through the Prefect API
+                                   ended (its process finishing) ─▶ left to exit
       3. wait for the Running ones to exit (at most `grace` seconds; then SIGKILL: their leases expire
          and another replica takes their actions back, or ends an at-most-once one UNCERTAIN)
       4. SIGCONT and SIGTERM the Prefect worker; exit with its exit code
@@ -29,6 +30,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -39,6 +41,11 @@ import psutil
 from outbox.errors import OutboxError
 
 log = logging.getLogger("outbox.worker")
+
+
+# a flow run's state types: one not started yet is cancelled; one running is asked to stop (SIGTERM)
+UNSTARTED = frozenset({"SCHEDULED", "PENDING"})
+STOPPABLE = frozenset({"RUNNING", "CANCELLING", "PAUSED"})
 
 
 class WorkerSetupError(OutboxError):
@@ -153,13 +160,14 @@ class Supervisor:
         try:
             running = []
             for run in flow_run_processes(worker.pid):
-                if self._state_type(run.run_id) == "RUNNING":
-                    run.process.send_signal(signal.SIGTERM)
-                    running.append(run)
-                else:
+                state = self._state_type(run.run_id)
+                if state in UNSTARTED:
                     self._cancel_unstarted(run)
-            _, alive = psutil.wait_procs([run.process for run in running], timeout=self.grace_seconds)
-            for process in alive:
+                    continue
+                if state in STOPPABLE:
+                    run.process.send_signal(signal.SIGTERM)
+                running.append(run)  # an ended run's process is finishing: wait for it too
+            for process in wait_for_exit([run.process for run in running], self.grace_seconds):
                 log.warning("flow run process %s did not end within %.0f s: killed", process.pid, self.grace_seconds)
                 with contextlib.suppress(psutil.NoSuchProcess):
                     process.kill()
@@ -181,3 +189,21 @@ class Supervisor:
             self.api.cancel(run.run_id, "Its worker stopped before the run started.")
         except OSError as error:
             log.warning("cannot cancel flow run %s (%s): it stays as it is", run.run_id, error)
+
+
+def wait_for_exit(processes: list[psutil.Process], timeout: float) -> list[psutil.Process]:
+    """Wait until every process has exited; return those still alive after `timeout` seconds. One that has
+    exited but that its parent (the stopped worker) has not reaped yet has exited."""
+    deadline = time.monotonic() + timeout
+    alive = processes
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.1)
+        alive = [process for process in alive if _alive(process)]
+    return alive
+
+
+def _alive(process: psutil.Process) -> bool:
+    try:
+        return bool(process.status() != psutil.STATUS_ZOMBIE)
+    except psutil.NoSuchProcess:
+        return False

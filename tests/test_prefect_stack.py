@@ -1,12 +1,16 @@
-"""The whole stack with real parts: a Prefect server, deployments applied, two workers as separate processes,
-a real SMTP sink. Emails go out through scheduled drain runs; a worker SIGKILLed mid-run loses nothing and
-sends nothing twice while the other keeps draining; the Prefect UI shows the runs in a real browser."""
+"""The whole stack with real parts: a Prefect server, deployments applied, two `outbox worker` replicas as
+separate processes, a real SMTP sink. Emails go out through drain runs; a worker SIGKILLed mid-run loses
+nothing and sends nothing twice while the other keeps draining; runs relay without a gap in executors,
+carry their worker's name and their tags, and end Completed when their worker is stopped; the Prefect UI
+shows the runs in a real browser."""
 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
+import threading
 import urllib.request
 from collections import Counter
 from collections.abc import Iterator
@@ -41,12 +45,50 @@ def ended(engine: Engine) -> int:
         return int(conn.execute(text("SELECT count(*) FROM agent_action WHERE ended_at IS NOT NULL")).scalar_one())
 
 
-def flow_runs(prefect_url: str) -> list[dict[str, Any]]:
+def prefect_post(prefect_url: str, path: str, body: dict[str, Any]) -> Any:
     request = urllib.request.Request(
-        f"{prefect_url}/api/flow_runs/filter", data=b"{}", method="POST", headers={"Content-Type": "application/json"}
+        f"{prefect_url}/api{path}",
+        data=json.dumps(body).encode(),
+        method="POST",
+        headers={"Content-Type": "application/json"},
     )
     with urllib.request.urlopen(request, timeout=10) as response:
-        return list(json.loads(response.read()))
+        return json.loads(response.read())
+
+
+def flow_runs(prefect_url: str) -> list[dict[str, Any]]:
+    """Every drain run that left Scheduled (the schedule's future ticks are not runs yet)."""
+    body = {"flow_runs": {"state": {"type": {"not_any_": ["SCHEDULED"]}}}}
+    return [run for run in prefect_post(prefect_url, "/flow_runs/filter", body) if run["name"] != "outbox-purge"]
+
+
+def states(prefect_url: str) -> Counter[str]:
+    return Counter(run["state_name"] for run in flow_runs(prefect_url))
+
+
+class ExecutorCount:
+    """The executors registered in the database (agent_executor), sampled every 50 ms in a thread: the
+    fewest seen while the relay hands over."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.samples: list[int] = []
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def __enter__(self) -> ExecutorCount:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._done.set()
+        self._thread.join()
+
+    def _sample(self) -> None:
+        with self.engine.connect() as conn:
+            while not self._done.wait(0.05):
+                self.samples.append(int(conn.execute(text("SELECT count(*) FROM agent_executor")).scalar_one()))
+                conn.rollback()
 
 
 def test_a_killed_worker_loses_nothing_and_sends_nothing_twice(engine: Engine, stack: Stack, tmp_path: Path) -> None:
@@ -65,13 +107,41 @@ def test_a_killed_worker_loses_nothing_and_sends_nothing_twice(engine: Engine, s
     # every DONE email arrived exactly once; an UNCERTAIN one (the killed run had fenced it) at most once
     assert outcomes.get("DONE", 0) <= len(counts) <= EMAILS
 
-    # the drain runs end their 40 s windows and complete; the killed worker's run does not
-    until(
-        lambda: any(r["state_type"] == "COMPLETED" for r in flow_runs(stack.prefect_url)),
-        timeout=120,
-        what="a drain run to complete",
-    )
     screenshot(stack.prefect_url, tmp_path / "prefect-runs.png")
+
+
+def test_runs_relay_without_a_gap_and_end_completed_when_their_worker_stops(engine: Engine, stack: Stack) -> None:
+    stack.run_drain_now()  # one run per worker
+    until(lambda: states(stack.prefect_url)["Running"] == 2, timeout=120, what="two drain runs to run")
+    # a run tags itself as it starts its executor
+    tagged = {"outbox", "kind:EMAIL", "env:demo"}
+    until(lambda: all(tagged <= set(r["tags"]) for r in flow_runs(stack.prefect_url)), timeout=60, what="the run tags")
+    first = {run["id"] for run in flow_runs(stack.prefect_url)}
+    for run in flow_runs(stack.prefect_url):
+        assert re.fullmatch(r"outbox-worker-[12] \d{4}-\d\d-\d\d \d\d:\d\d:\d\dZ", run["name"]), run["name"]
+
+    # a third run (the next tick): the oldest hands over once it runs, and the executors never drop below two
+    with ExecutorCount(engine) as executors:
+        stack.run_drain_now(1)
+        until(lambda: states(stack.prefect_url)["Completed"] == 1, timeout=120, what="the oldest run to hand over")
+        until(lambda: states(stack.prefect_url)["Running"] == 2, timeout=30, what="two runs after the handover")
+    assert executors.samples and min(executors.samples) >= 2, executors.samples
+    handed_over = [r for r in flow_runs(stack.prefect_url) if r["state_name"] == "Completed"]
+    assert handed_over[0]["id"] in first
+
+    # a replica stopped in order: its runs end Completed, never Crashed, and nothing stays Pending
+    running = Counter(r["name"].split(" ")[0] for r in flow_runs(stack.prefect_url) if r["state_name"] == "Running")
+    stopped, held = running.most_common(1)[0]
+    stack.stop_worker(stopped.removeprefix("outbox-"))
+    on_stopped = [r for r in flow_runs(stack.prefect_url) if r["name"].startswith(f"{stopped} ")]
+    assert all(r["state_name"] == "Completed" for r in on_stopped), [(r["name"], r["state_name"]) for r in on_stopped]
+    final = states(stack.prefect_url)
+    assert set(final) <= {"Completed", "Running"} and final["Running"] == 2 - held, final
+    # no run did anything (nothing was enqueued): not one artifact
+    artifacts = prefect_post(
+        stack.prefect_url, "/artifacts/filter", {"artifacts": {"key": {"any_": ["outbox-drain-summary"]}}}
+    )
+    assert artifacts == []
 
 
 def screenshot(prefect_url: str, path: Path) -> None:

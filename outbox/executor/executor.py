@@ -121,6 +121,8 @@ class Executor:
         self._wake: asyncio.Event | None = None
         self._stopping = False
         self._committer: Committer | None = None
+        # set once the executor has registered (its heartbeat row) and starts claiming
+        self.claiming = asyncio.Event()
         # names this executor's heartbeat row (agent_executor)
         self.executor_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
@@ -160,6 +162,7 @@ class Executor:
                 if loop.time() >= next_sweep:
                     found += await self._sweep(self._free_slots())
                     next_sweep = loop.time() + self.config.sweep_seconds
+                    self.claiming.set()
                 want = int(min(self._free_slots(), self.config.claim_batch, budget))
                 if want > 0:
                     claimed = await self._claim(want)
