@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,27 @@ DEPLOY = ROOT / "deploy"
 
 def load(path: Path) -> Any:
     return yaml.safe_load(path.read_text())
+
+
+def default(value: str) -> str:
+    """A compose value with `${NAME:-default}` read as its default."""
+    return re.sub(r"\$\{\w+:-([^}]*)\}", r"\1", value)
+
+
+def seconds(duration: str) -> float:
+    """A compose duration such as `2m` or `1m30s`."""
+    units = {"h": 3600, "m": 60, "s": 1}
+    return float(sum(int(n) * units[unit] for n, unit in re.findall(r"(\d+)([hms])", duration)))
+
+
+def option(command: list[str], name: str) -> str:
+    return command[command.index(name) + 1]
+
+
+def needs(services: dict[str, Any], name: str) -> set[str]:
+    """Every service `name` waits for, directly or not."""
+    direct = set(services[name].get("depends_on", []))
+    return direct.union(*(needs(services, d) for d in direct))
 
 
 def test_the_compose_file_starts_the_whole_stack_on_loopback() -> None:
@@ -40,6 +62,67 @@ def test_the_compose_file_starts_the_whole_stack_on_loopback() -> None:
         for dependency in service.get("depends_on", []):
             assert dependency in services, f"{name} depends on an unknown service {dependency}"
     assert (ROOT / services["migrate"]["build"]["dockerfile"]).exists()
+
+
+def test_the_compose_workers_find_everything_the_deployment_needs() -> None:
+    services = load(DEPLOY / "compose.yaml")["services"]
+    # the one-shot steps finish before any worker starts
+    assert {"migrate", "work-pool", "automations", "deployments"} <= needs(services, "worker")
+    completed = {
+        dependency: spec["condition"]
+        for service in services.values()
+        if isinstance(service.get("depends_on"), dict)
+        for dependency, spec in service["depends_on"].items()
+    }
+    for step in ("migrate", "work-pool", "automations", "deployments"):
+        assert completed[step] == "service_completed_successfully", f"{step} is waited for until it succeeds"
+
+    # every variable deploy/prefect.yaml reads at deploy time is given, and not empty
+    prefect_file = (DEPLOY / "prefect.yaml").read_text()
+    read = set(re.findall(r"\{\{ \$(\w+) \}\}", prefect_file))
+    assert read == {"OUTBOX_ADAPTERS", "OUTBOX_PROJECT_DIR"}
+    deployments = services["deployments"]
+    given = {name: default(str(value)) for name, value in deployments["environment"].items()}
+    assert all(given.get(name) for name in read), f"the deployments step leaves some of {read} empty"
+    assert given["OUTBOX_ADAPTERS"] == "examples.accounts:adapters"
+    assert "${OUTBOX_ADAPTERS:-" in deployments["environment"]["OUTBOX_ADAPTERS"], "a user can name their adapters"
+    dockerfile = (DEPLOY / "Dockerfile").read_text()
+    workdir = re.search(r"^WORKDIR (\S+)", dockerfile, re.MULTILINE)
+    assert workdir and given["OUTBOX_PROJECT_DIR"] == workdir.group(1) == deployments["working_dir"]
+    # the files the steps read are in the image
+    copied = set(re.findall(r"^COPY (\S+) ", dockerfile, re.MULTILINE))
+    assert "deploy" in copied and "flows" in copied and "examples" in copied
+
+    # the workers: `outbox worker` (the image's entrypoint is outbox), stopped after its grace
+    worker = services["worker"]
+    assert re.search(r'^ENTRYPOINT \["outbox"\]', dockerfile, re.MULTILINE)
+    assert worker["command"][0] == "worker" and "entrypoint" not in worker
+    assert seconds(worker["stop_grace_period"]) > float(option(worker["command"], "--grace"))
+    env = worker["environment"]
+    assert env["PREFECT_LOGGING_EXTRA_LOGGERS"] == "outbox"
+    assert default(env["OUTBOX_ENVIRONMENT"]), "the drain runs are tagged env:<name>"
+    assert {"OUTBOX_DATABASE_URL", "OUTBOX_SMTP_HOST", "OUTBOX_SMTP_SENDER", "PREFECT_API_URL"} <= set(env)
+
+    # the zombie automation: re-created by name on every start (never a second copy), and its 90 s window
+    # covers three of the workers' heartbeats
+    automations = load(DEPLOY / "prefect-automations.yaml")["automations"]
+    script = " ".join(services["automations"]["entrypoint"])
+    for automation in automations:
+        delete = f"prefect --no-prompt automation delete {automation['name']}"
+        assert delete in script and script.index(delete) < script.index("automation create"), automation["name"]
+    assert "--from-file deploy/prefect-automations.yaml" in script
+    (crash,) = automations
+    assert crash["trigger"]["within"] == 3 * int(env["PREFECT_FLOWS_HEARTBEAT_FREQUENCY"])
+
+
+def test_the_compose_prefect_server_keeps_ended_flow_runs_14_days() -> None:
+    services = load(DEPLOY / "compose.yaml")["services"]
+    env = services["prefect-server"]["environment"]
+    assert set(env["PREFECT_SERVER_SERVICES_DB_VACUUM_ENABLED"].split(",")) == {"events", "flow_runs"}
+    assert int(env["PREFECT_SERVER_SERVICES_DB_VACUUM_RETENTION_PERIOD"]) == 14 * 86_400
+    # its own database, made by postgres-init.sql
+    assert env["PREFECT_API_DATABASE_CONNECTION_URL"].endswith("@postgres:5432/prefect")
+    assert "CREATE DATABASE prefect" in (DEPLOY / "postgres-init.sql").read_text()
 
 
 def test_grafana_provisioning_names_what_the_dashboard_and_rules_use() -> None:
