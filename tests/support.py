@@ -13,11 +13,13 @@ _calls = itertools.count()
 
 
 def until(condition: Callable[[], bool], timeout: float = 30.0, what: str = "condition") -> None:
-    """Poll `condition` until it holds; fail after `timeout` seconds. Polling, never a fixed sleep."""
+    """Poll `condition` every 20 ms until it holds; fail after `timeout` seconds. Polling, never a fixed
+    sleep: the pause only keeps a condition that asks a server from hammering it."""
     deadline = time.monotonic() + timeout
     while not condition():
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.02)
 
 
 def sessions_waiting_on_a_lock(engine: Engine) -> int:

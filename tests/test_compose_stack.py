@@ -50,12 +50,11 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
 import urllib.parse
 import urllib.request
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -78,7 +77,6 @@ SKIPPED = {"grafana"}  # rule 3
 DATABASE, RELAY = "postgres", "mailcatcher"  # rule 3: replaced
 EMAILS, LANES = 60, 12
 DOCKER_STOP_GRACE = 10.0
-POLL_SECONDS = 0.25  # between two looks at a condition (a poll interval, not a wait for an outcome)
 
 POSTGRES_URL = re.compile(rf"(?P<driver>postgresql(?:\+\w+)?)://[^@/\s]*@{DATABASE}:5432/(?P<database>\w+)")
 CONTAINER_PATH = re.compile(r"(^|=)(/[^\s'\"=:]*)")
@@ -397,17 +395,6 @@ class ComposeStack:
             kill_all(started)
 
 
-def paced(condition: Callable[[], bool]) -> Callable[[], bool]:
-    """`condition`, looked at no more often than every POLL_SECONDS, so polling leaves the CPU to the stack."""
-    pause = threading.Event()
-
-    def look() -> bool:
-        pause.wait(POLL_SECONDS)
-        return condition()
-
-    return look
-
-
 # ---- the test ---------------------------------------------------------------------------------------------
 
 
@@ -493,7 +480,7 @@ def test_the_compose_stack_drains_every_email_exactly_once(
     enqueue_workload(engine, EMAILS, LANES)
     for _ in range(REPLICAS):  # the schedule's first tick is 300 s away
         stack.run_once("deployments", [*program("prefect"), "deployment", "run", "outbox-drain/outbox-drain"])
-    until(paced(lambda: ended(engine) == EMAILS), timeout=120, what="every email to end")
+    until(lambda: ended(engine) == EMAILS, timeout=120, what="every email to end")
 
     counts = Counter(r.message_id for r in relay.received)
     assert len(counts) == EMAILS and set(counts.values()) == {1}, "an email was lost or sent twice"
@@ -515,7 +502,7 @@ def test_the_compose_stack_drains_every_email_exactly_once(
     assert "flow_runs" in vacuum["enabled"] and vacuum["retention_period"] == "P14D"
 
     # Prometheus scrapes the exporter and loads the rules
-    until(paced(lambda: exporter_up(stack) == ["1"]), timeout=60, what="Prometheus to scrape the exporter")
+    until(lambda: exporter_up(stack) == ["1"], timeout=60, what="Prometheus to scrape the exporter")
     assert {group["name"] for group in prometheus(stack, "rules")["groups"]} == {"outbox"}
 
     # a restart runs the one-shot steps again: still one zombie automation, one work pool, two deployments
