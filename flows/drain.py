@@ -203,8 +203,12 @@ async def _relay_view(client: PrefectClient, me: FlowRun) -> tuple[list[tuple[da
     workers = await client.read_workers_for_work_pool(
         me.work_pool_name, worker_filter=WorkerFilter(status=WorkerFilterStatus(any_=["ONLINE"]))
     )
-    claiming = [run for run in runs if run.start_time is not None and any(t.startswith("kind:") for t in run.tags)]
-    return [(run.start_time, run.id) for run in claiming], len(workers)
+    claiming: list[tuple[datetime, UUID]] = [
+        (run.start_time, run.id)
+        for run in runs
+        if run.start_time is not None and any(tag.startswith("kind:") for tag in run.tags)
+    ]
+    return claiming, len(workers)
 
 
 def relieved_by(me: UUID, running: list[tuple[datetime, UUID]], workers: int) -> int | None:
