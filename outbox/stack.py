@@ -47,6 +47,17 @@ def kill_all(processes: list[psutil.Process]) -> None:
             process.kill()
 
 
+def stop_process(process: subprocess.Popen[bytes], grace: float) -> None:
+    """SIGTERM, then SIGKILL if it has not exited after `grace` seconds."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(grace)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(10)
+
+
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -216,14 +227,7 @@ class Stack:
         order = sorted(self.processes, key=lambda n: (not n.startswith("worker"), n == "prefect-server"))
         started = [child for name in order for child in descendants(self.processes[name].pid)]
         for name in order:
-            process = self.processes[name]
-            if process.poll() is None:
-                process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(60)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(10)
+            stop_process(self.processes[name], 60)
         kill_all(started)
         self.processes.clear()
         if self._mailbox is not None:

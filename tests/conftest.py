@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 import os
 import sys
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -25,6 +26,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from outbox import migrate
 from outbox.cli import main
 from outbox.db import async_engine, embedded_postgres_server, psycopg_url
+from outbox.email.sink import SmtpSink
 from outbox.testing import install_kinds
 from tests import kinds as test_kinds
 
@@ -136,3 +138,34 @@ def cli(
         return CliResult(code, captured.out, captured.err)
 
     return invoke
+
+
+@pytest.fixture
+def sink() -> Iterator[SmtpSink]:
+    """A local SMTP relay that keeps every message it accepts (faults on demand)."""
+    server = SmtpSink().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def outbox_env(monkeypatch: pytest.MonkeyPatch, database_url: str, sink: SmtpSink) -> None:
+    """The settings a flow reads from the environment: the test's database and `sink` as the relay."""
+    for name, value in {
+        "OUTBOX_DATABASE_URL": database_url,
+        "OUTBOX_SMTP_PORT": str(sink.port),
+        "OUTBOX_SMTP_SENDER": "outbox@example.com",
+        "OUTBOX_SMTP_TIMEOUT_SECONDS": "2",
+    }.items():
+        monkeypatch.setenv(name, value)
+
+
+@pytest.fixture
+def outbox_logger_restored() -> Iterator[None]:
+    """A drain run hands the `outbox` loggers to Prefect's run logs for the rest of its process; the tests
+    after it must find the logger as it was."""
+    logger = logging.getLogger("outbox")
+    handlers, level = list(logger.handlers), logger.level
+    yield
+    logger.handlers[:] = handlers
+    logger.setLevel(level)

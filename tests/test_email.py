@@ -18,7 +18,6 @@ import socket
 import ssl
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -56,13 +55,6 @@ def app(engine: Engine) -> Engine:
         """)
         )
     return engine
-
-
-@pytest.fixture
-def sink() -> Iterator[SmtpSink]:
-    server = SmtpSink().start()
-    yield server
-    server.stop()
 
 
 def settings(port: int, **changes: Any) -> SmtpSettings:

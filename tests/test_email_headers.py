@@ -21,7 +21,7 @@ import itertools
 import os
 import re
 import string
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from email.header import decode_header
 from email.message import EmailMessage
@@ -97,13 +97,6 @@ def cases(engine: Engine) -> Engine:
     with engine.begin() as conn:
         conn.execute(text("CREATE TABLE header_case (case_id int, position int, address text, display_name text)"))
     return engine
-
-
-@pytest.fixture
-def sink() -> Iterator[SmtpSink]:
-    server = SmtpSink().start()
-    yield server
-    server.stop()
 
 
 def smtp(port: int) -> SmtpSettings:

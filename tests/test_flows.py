@@ -5,7 +5,6 @@ logs; the purge's count."""
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Iterator
 from typing import Any
 
@@ -22,40 +21,13 @@ from flows.purge import purge
 from outbox.email import enqueue_email
 from outbox.email.sink import Faults, SmtpSink
 
+pytestmark = pytest.mark.usefixtures("outbox_logger_restored")
+
 
 @pytest.fixture(scope="module", autouse=True)
 def prefect_api() -> Iterator[None]:
     with prefect_test_harness(server_startup_timeout=120):
         yield
-
-
-@pytest.fixture(autouse=True)
-def outbox_logger_restored() -> Iterator[None]:
-    """A drain run hands the `outbox` loggers to Prefect's run logs for the rest of its process; in this
-    test process, the tests after these must find the logger as it was."""
-    logger = logging.getLogger("outbox")
-    handlers, level = list(logger.handlers), logger.level
-    yield
-    logger.handlers[:] = handlers
-    logger.setLevel(level)
-
-
-@pytest.fixture
-def sink() -> Iterator[SmtpSink]:
-    server = SmtpSink().start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture
-def outbox_env(monkeypatch: pytest.MonkeyPatch, database_url: str, sink: SmtpSink) -> None:
-    for name, value in {
-        "OUTBOX_DATABASE_URL": database_url,
-        "OUTBOX_SMTP_PORT": str(sink.port),
-        "OUTBOX_SMTP_SENDER": "outbox@example.com",
-        "OUTBOX_SMTP_TIMEOUT_SECONDS": "2",
-    }.items():
-        monkeypatch.setenv(name, value)
 
 
 def enqueue_alerts(engine: Engine, count: int) -> None:

@@ -258,13 +258,6 @@ def app(engine: Engine) -> Engine:
 
 
 @pytest.fixture
-def sink() -> Iterator[SmtpSink]:
-    server = SmtpSink().start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture
 def closed_port() -> Iterator[int]:
     """A port on 127.0.0.1 bound and not listening, for the test's whole length: every connect is refused."""
     with socket.socket() as bound:

@@ -12,14 +12,11 @@ from __future__ import annotations
 
 import inspect
 import json
-import logging
 import os
 import re
-import signal
 import subprocess
 import sys
 import threading
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -37,8 +34,8 @@ from sqlalchemy import Engine, text
 
 from flows.drain import drain
 from outbox.email.sink import Faults, SmtpSink
-from outbox.stack import ROOT, descendants, free_port, kill_all, wait_until_answers
-from tests.support import until
+from outbox.stack import ROOT, descendants, free_port, kill_all, stop_process, wait_until_answers
+from tests.support import prefect_post, until
 from tests.test_flows import enqueue_alerts
 
 NOTIFY_FILE = ROOT / "deploy" / "prefect-notify.yaml"
@@ -47,6 +44,8 @@ AUTOMATION = "outbox-notify-uncertain-and-failed"
 RECIPIENT = "alice@example.com"  # the only recipient enqueue_alerts knows
 ADAPTERS = "examples.accounts:adapters"
 REFUSED = "554 5.7.1 refused"  # the relay refuses the message after DATA: the email ends FAILED
+
+pytestmark = pytest.mark.usefixtures("outbox_logger_restored")
 
 
 @dataclass(frozen=True)
@@ -65,14 +64,7 @@ class PrefectServer:
         }
 
     def post(self, path: str, body: dict[str, Any]) -> Any:
-        request = urllib.request.Request(
-            f"{self.url}/api{path}",
-            data=json.dumps(body).encode(),
-            method="POST",
-            headers={"Content-Type": "application/json"},
-        )
-        with urllib.request.urlopen(request, timeout=10) as response:
-            return json.loads(response.read())
+        return prefect_post(self.url, path, body)
 
     def events(self, flow_run_id: Any) -> list[dict[str, Any]]:
         """The outbox events a flow run emitted (emit_event names the run as a related resource)."""
@@ -125,41 +117,8 @@ def prefect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prefect
             flush_prefect_workers()
     finally:
         started = descendants(process.pid)
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(10)
+        stop_process(process, 30)
         kill_all(started)
-
-
-@pytest.fixture(autouse=True)
-def outbox_logger_restored() -> Iterator[None]:
-    """A drain run hands the `outbox` loggers to Prefect's run logs; the tests after these find them as they were."""
-    logger = logging.getLogger("outbox")
-    handlers, level = list(logger.handlers), logger.level
-    yield
-    logger.handlers[:] = handlers
-    logger.setLevel(level)
-
-
-@pytest.fixture
-def sink() -> Iterator[SmtpSink]:
-    server = SmtpSink().start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture
-def outbox_env(monkeypatch: pytest.MonkeyPatch, database_url: str, sink: SmtpSink) -> None:
-    for name, value in {
-        "OUTBOX_DATABASE_URL": database_url,
-        "OUTBOX_SMTP_PORT": str(sink.port),
-        "OUTBOX_SMTP_SENDER": "outbox@example.com",
-        "OUTBOX_SMTP_TIMEOUT_SECONDS": "2",
-    }.items():
-        monkeypatch.setenv(name, value)
 
 
 class Receiver:

@@ -6,12 +6,10 @@ shows the runs in a real browser."""
 
 from __future__ import annotations
 
-import json
 import re
 import shutil
 import subprocess
 import threading
-import urllib.request
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,7 +21,7 @@ from sqlalchemy import Engine, text
 from examples.accounts import schema
 from outbox.demo import enqueue_workload
 from outbox.stack import Stack
-from tests.support import until
+from tests.support import prefect_post, until
 
 EMAILS, LANES = 120, 12
 
@@ -43,17 +41,6 @@ def stack(engine: Engine, database_url: str, tmp_path: Path) -> Iterator[Stack]:
 def ended(engine: Engine) -> int:
     with engine.connect() as conn:
         return int(conn.execute(text("SELECT count(*) FROM agent_action WHERE ended_at IS NOT NULL")).scalar_one())
-
-
-def prefect_post(prefect_url: str, path: str, body: dict[str, Any]) -> Any:
-    request = urllib.request.Request(
-        f"{prefect_url}/api{path}",
-        data=json.dumps(body).encode(),
-        method="POST",
-        headers={"Content-Type": "application/json"},
-    )
-    with urllib.request.urlopen(request, timeout=10) as response:
-        return json.loads(response.read())
 
 
 def flow_runs(prefect_url: str) -> list[dict[str, Any]]:
