@@ -201,6 +201,9 @@ def restart_worker(stack: Stack, name: str, count_now: Callable[[], int]) -> Res
     threading.Timer(5.0, look_at, (runs, restart.run_processes_at_5s)).start()
     try:
         restart.exit_code = stack.stop_worker(name)
+    except KeyboardInterrupt:  # the soak is stopping: Stack.stop waits for this worker too
+        stack.processes[name] = process
+        raise
     except subprocess.TimeoutExpired:  # reported as such; its processes must not outlive the soak
         log(f"{name} did not exit within 60 s of SIGTERM: killed with its runs")
         children = descendants(process.pid)
@@ -333,6 +336,7 @@ class Soak:
     began_wall: datetime = field(default_factory=lambda: datetime.now(UTC))
     ended: float = 0.0
     ended_wall: datetime = field(default_factory=lambda: datetime.now(UTC))
+    interrupted: bool = False
 
     def count_now(self) -> int:
         return self.sampler.samples[-1][1] if self.sampler.samples else 0
@@ -346,6 +350,21 @@ class Soak:
             thread.start()
         self.began, self.began_wall = time.monotonic(), datetime.now(UTC)
         deadline = self.began + self.args.minutes * 60
+        try:
+            self._soak(deadline)
+            self.ended, self.ended_wall = time.monotonic(), datetime.now(UTC)
+            self.trickle.stop.set()
+            if not self.interrupted:
+                self._settle()
+            self._recoveries()
+        finally:
+            self.trickle.stop.set()
+            self.sampler.stop.set()
+            for thread in threads:
+                thread.join(10)
+
+    def _soak(self, deadline: float) -> None:
+        """Until the deadline or a signal: restarts on time, the ONLINE workers and the load every 5 s."""
         restart_every = self.args.restart_every * 60
         next_restart = self.began + restart_every
         next_report = self.began + 60
@@ -372,15 +391,9 @@ class Soak:
                     while next_report <= time.monotonic():
                         next_report += 60
                 time.sleep(min(5.0, max(0.0, deadline - time.monotonic())))
-            self.ended, self.ended_wall = time.monotonic(), datetime.now(UTC)
-            self.trickle.stop.set()
-            self._settle()
-            self._recoveries()
-        finally:
-            self.trickle.stop.set()
-            self.sampler.stop.set()
-            for thread in threads:
-                thread.join(10)
+        except KeyboardInterrupt:  # report what was seen so far, then stop everything
+            self.interrupted = True
+            log(f"interrupted after {(time.monotonic() - self.began) / 60:.1f} min: reporting what was seen so far")
 
     def _recoveries(self) -> None:
         """A restart's window ends at the first sample with N executors after the count dropped below N; when
@@ -443,7 +456,9 @@ class Soak:
         earlier = [r for r in runs if (at := when(r["expected_start_time"])) is not None and at < self.began_wall]
         ahead = [r for r in runs if (at := when(r["expected_start_time"])) is not None and at > self.ended_wall]
         seconds = (self.ended_wall - self.began_wall).total_seconds()
-        ticks = seconds / interval
+        # the schedule's ticks in the soak: from the first one seen, one every interval up to the end
+        first_tick = min((at for r in in_soak if (at := when(r["expected_start_time"])) is not None), default=None)
+        ticks = (self.ended_wall - first_tick).total_seconds() // interval + 1 if first_tick is not None else 0
         per_tick = len(in_soak) / ticks if ticks else 0.0
         ticks_with_runs = Counter(r["expected_start_time"] for r in in_soak)
         by_state = Counter(r["state_name"] for r in runs if r not in ahead)
@@ -478,9 +493,10 @@ class Soak:
             "workers": n,
             "interval_s": interval,
             "minutes": round(seconds / 60, 1),
+            "interrupted": self.interrupted,
             "steady_after_s": round(steady - self.began, 1) if steady is not None else None,
             "drain_runs_created_in_soak": len(in_soak),
-            "ticks_in_soak": round(ticks, 1),
+            "ticks_in_soak": int(ticks),
             "runs_per_tick": round(per_tick, 3),
             "ticks_with_more_than_one_run": sum(1 for c in ticks_with_runs.values() if c > 1),
             "runs_per_day_at_300s": round(86_400 / DEFAULT_INTERVAL * per_tick, 1),
@@ -590,7 +606,8 @@ def database(given: str | None, workdir: Path) -> Iterator[str]:
         server.cleanup()
 
 
-def stop_on_sigterm(signum: int, frame: FrameType | None) -> None:
+def stop_on_signal(signum: int, frame: FrameType | None) -> None:
+    log(f"received {signal.Signals(signum).name}")
     raise KeyboardInterrupt
 
 
@@ -607,7 +624,8 @@ def main() -> None:
     args = parser.parse_args()
     workdir = (args.workdir or ROOT / ".outbox" / "drain-soak" / f"{datetime.now(UTC):%Y%m%dT%H%M%SZ}").resolve()
     workdir.mkdir(parents=True, exist_ok=True)
-    signal.signal(signal.SIGTERM, stop_on_sigterm)
+    signal.signal(signal.SIGTERM, stop_on_signal)
+    signal.signal(signal.SIGINT, stop_on_signal)
     load_before = os.getloadavg()
     log(f"work directory {workdir}; load average before {load_before[0]:.2f} {load_before[1]:.2f}")
     with database(args.database_url, workdir) as url:
@@ -629,7 +647,7 @@ def main() -> None:
             soak.run()
             print_report(soak.report(), workdir)
         except KeyboardInterrupt:
-            log("interrupted: stopping everything the soak started")
+            log("interrupted again: stopping everything the soak started")
         finally:
             signal.signal(signal.SIGINT, signal.SIG_IGN)  # the stop itself is not to be interrupted
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
