@@ -56,6 +56,7 @@ from prefect.runtime import flow_run as this_run
 from outbox.db import async_engine, sync_engine
 from outbox.executor import Executor, ExecutorConfig
 from outbox.executor.adapter import load_adapters
+from outbox.executor.config import DEFAULTS
 from outbox.executor.outcomes import EndedAction, Outcomes
 from outbox.ops import lanes
 from outbox.settings import load_settings
@@ -84,7 +85,7 @@ def run_name() -> str:
 async def drain(
     max_seconds: float | None = None,
     max_actions: int | None = None,
-    concurrency: int = 64,
+    concurrency: int = DEFAULTS.concurrency,
     adapters: str = "outbox.email:email_adapters",
 ) -> dict[str, Any]:
     """Carry out actions until a newer run takes over (in a deployment), SIGTERM, or a given budget is

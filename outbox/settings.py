@@ -8,6 +8,8 @@ from typing import Literal
 from pydantic import SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from outbox.executor.config import DEFAULTS
+
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="OUTBOX_", extra="ignore")
@@ -25,7 +27,7 @@ class Settings(BaseSettings):
     data_dir: Path = Path(".outbox")
 
     # a claim's lease in the drain flow's executor (more than the 60 s write window)
-    lease_seconds: float = 300.0
+    lease_seconds: float = DEFAULTS.lease_seconds
     # names this installation in the drain runs' Prefect tags (`env:<environment>`)
     environment: str = "default"
 

@@ -17,6 +17,7 @@ from outbox.cli.options import (
     finite,
     printable,
 )
+from outbox.executor.config import DEFAULTS
 from outbox.limits import MAX_PAGE
 
 # attempts in flight in one executor process; more belongs in more processes
@@ -38,10 +39,14 @@ def run(
         help="module:factory(engine) returning the adapters, one per kind; the module registers your kinds"
         " and email notices.",
     ),
-    concurrency: int = typer.Option(64, min=1, max=MAX_CONCURRENCY, help="Attempts in flight at once."),
-    claim_batch: int = typer.Option(50, min=1, max=MAX_PAGE, help="Lane heads claimed per round trip."),
+    concurrency: int = typer.Option(
+        DEFAULTS.concurrency, min=1, max=MAX_CONCURRENCY, help="Attempts in flight at once."
+    ),
+    claim_batch: int = typer.Option(
+        DEFAULTS.claim_batch, min=1, max=MAX_PAGE, help="Lane heads claimed per round trip."
+    ),
     lease_seconds: float = typer.Option(
-        300.0,
+        DEFAULTS.lease_seconds,
         min=0,
         max=MAX_LEASE_SECONDS,
         callback=finite,
@@ -63,7 +68,7 @@ def run(
     from outbox.cli.common import err, log_to_stderr, migrated_engine
     from outbox.executor import ExecutorConfig
     from outbox.executor.adapter import load_adapters
-    from outbox.executor.attempt import WRITE_WINDOW_SECONDS
+    from outbox.executor.claimed import WRITE_WINDOW_SECONDS
 
     if lease_seconds <= WRITE_WINDOW_SECONDS:
         window = f"the {WRITE_WINDOW_SECONDS:g} s write window"

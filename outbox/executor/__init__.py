@@ -4,12 +4,39 @@ claim (lane heads, SKIP LOCKED, epoch+1) ──▶ ActionAttempt ──fence─�
       ▲                                                       │ result
       │ NOTIFY / poll                                          ▼
 enqueue                                  Committer (group commit, each write named by its epoch)
+
+Each name loads its module on first use, so `outbox.executor.config` (the defaults) loads without the
+database layer.
 """
 
-from outbox.executor.adapter import ActionAdapter
-from outbox.executor.attempt import ActionAttempt, FenceRefused, WriteWindow
-from outbox.executor.executor import Executor, ExecutorConfig
-from outbox.executor.results import Abandoned, Cancelled, Defer, Done, Failed, Result, Retry, Uncertain
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from outbox.executor.adapter import ActionAdapter
+    from outbox.executor.attempt import ActionAttempt, FenceRefused, WriteWindow
+    from outbox.executor.config import ExecutorConfig
+    from outbox.executor.executor import Executor
+    from outbox.executor.results import Abandoned, Cancelled, Defer, Done, Failed, Result, Retry, Uncertain
+
+_HOMES = {
+    "Abandoned": "outbox.executor.results",
+    "ActionAdapter": "outbox.executor.adapter",
+    "ActionAttempt": "outbox.executor.attempt",
+    "Cancelled": "outbox.executor.results",
+    "Defer": "outbox.executor.results",
+    "Done": "outbox.executor.results",
+    "Executor": "outbox.executor.executor",
+    "ExecutorConfig": "outbox.executor.config",
+    "Failed": "outbox.executor.results",
+    "FenceRefused": "outbox.executor.attempt",
+    "Result": "outbox.executor.results",
+    "Retry": "outbox.executor.results",
+    "Uncertain": "outbox.executor.results",
+    "WriteWindow": "outbox.executor.attempt",
+}
 
 __all__ = [
     "Abandoned",
@@ -27,3 +54,16 @@ __all__ = [
     "Uncertain",
     "WriteWindow",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'outbox.executor' has no attribute {name!r}")
+    value = getattr(importlib.import_module(home), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

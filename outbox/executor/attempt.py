@@ -12,41 +12,16 @@ off computes the same window.
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
-from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Protocol
 
 from outbox.errors import OutboxError
-from outbox.kinds import ActionKind
-
-if TYPE_CHECKING:
-    from outbox.executor.committer import Committer
-
-# The provider call must end within this many seconds of the fence; a fence with less lease left refuses.
-WRITE_WINDOW_SECONDS = 60.0
+from outbox.executor.claimed import WRITE_WINDOW_SECONDS, ClaimedAction
 
 
-@dataclass(frozen=True)
-class ClaimedAction:
-    """An action as one claim took it. `epoch` names every write this attempt makes."""
+class WriteFence(Protocol):
+    """Records that an attempt's write starts (the committer): None when granted, else why not."""
 
-    id: int
-    kind: ActionKind
-    lane_key: str
-    idempotency_key: str
-    workspace_id: int | None
-    subject_account_id: int | None
-    payload: Any
-    attempt: int
-    max_attempts: int
-    epoch: int
-    # write_started_at as the claim found it: an earlier attempt may have written
-    prior_write_started_at: datetime | None
-    due_at: datetime
-    # the lease left when the claim committed, on the database clock
-    lease_seconds: float
-    # due to claim, on the database clock; None for a reclaim after a lost lease
-    pickup_seconds: float | None = None
+    async def begin_write(self, action: ClaimedAction) -> str | None: ...
 
 
 class FenceRefused(OutboxError):
@@ -95,7 +70,7 @@ class Fence:
 class ActionAttempt:
     """One attempt at one action. Only the executor creates it."""
 
-    def __init__(self, action: ClaimedAction, committer: Committer) -> None:
+    def __init__(self, action: ClaimedAction, committer: WriteFence) -> None:
         self.action = action
         self.committer = committer
         self.window: WriteWindow | None = None

@@ -31,7 +31,7 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from outbox import store, store_metrics
-from outbox.executor.attempt import WRITE_WINDOW_SECONDS, ClaimedAction
+from outbox.executor.claimed import WRITE_WINDOW_SECONDS, AttemptReport, ClaimedAction, FinishWrite
 
 log = logging.getLogger("outbox.executor")
 
@@ -41,31 +41,6 @@ _MAX_BATCH = 500
 # how often the tally rows are merged, and how long a merge may take or wait for a lock
 TALLY_MERGE_SECONDS = 10.0
 _MERGE_TIMEOUT_MS = 5000
-
-
-@dataclass(frozen=True)
-class FinishWrite:
-    """The row values one result writes."""
-
-    state: str
-    stop_reason: str | None = None
-    readback_ref: str | None = None
-    delay_seconds: float = 0.0
-    uncount: int = 0
-    # keep the fence, clear it (a proven retry), or restore what the claim found (a deferral)
-    fence: str = "keep"
-    # the result's reason, kept as the action's last_error; None keeps the earlier one (DONE clears it)
-    last_error: str | None = None
-
-
-@dataclass(frozen=True)
-class AttemptReport:
-    """What the metrics count of one attempt, tallied in the transaction of its result."""
-
-    result: str
-    attempt_seconds: float
-    # due to claim; None for a reclaim after a lost lease, whose due time is long past
-    pickup_seconds: float | None
 
 
 # Upper bounds (seconds) of the attempt duration and pickup delay histograms.

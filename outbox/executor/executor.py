@@ -30,7 +30,6 @@ import re
 import socket
 import uuid
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Any
 
 import psycopg
@@ -42,9 +41,11 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from outbox import store, store_metrics
 from outbox.db import fault_text
 from outbox.executor.adapter import ActionAdapter
-from outbox.executor.attempt import WRITE_WINDOW_SECONDS, ActionAttempt, ClaimedAction, FenceRefused
+from outbox.executor.attempt import ActionAttempt, FenceRefused
 from outbox.executor.backoff import own_fault_delay, retry_delay
-from outbox.executor.committer import AttemptReport, Committer, FinishWrite, database_unavailable
+from outbox.executor.claimed import WRITE_WINDOW_SECONDS, AttemptReport, ClaimedAction, FinishWrite
+from outbox.executor.committer import Committer, database_unavailable
+from outbox.executor.config import ExecutorConfig
 from outbox.executor.outcomes import Outcomes
 from outbox.executor.results import (
     Abandoned,
@@ -64,35 +65,6 @@ from outbox.states import ActionState, StopReason
 log = logging.getLogger("outbox.executor")
 
 _STOPPING = "the executor is stopping"
-
-
-@dataclass(frozen=True)
-class ExecutorConfig:
-    # attempts in flight at once in this executor
-    concurrency: int = 64
-    # lane heads claimed per round trip
-    claim_batch: int = 50
-    # a claim's lease; the write window (60 s) must fit inside it after the adapter's preparation
-    lease_seconds: float = 300.0
-    # the longest an idle executor waits before it looks again without a notification
-    poll_seconds: float = 1.0
-    # how often expired leases and expired unstarted actions are looked for
-    sweep_seconds: float = 1.0
-    # on stop: how long an attempt that has not reached its fence may run before it is cancelled
-    handback_grace_seconds: float = 5.0
-    # how long one of the executor's transactions may sit idle holding row locks (its process frozen)
-    # before the server ends it; every executor transaction takes milliseconds
-    idle_in_transaction_seconds: float = 5.0
-
-    def __post_init__(self) -> None:
-        if self.concurrency < 1 or self.claim_batch < 1:
-            raise ValueError("concurrency and claim_batch must be at least 1")
-        if self.lease_seconds <= WRITE_WINDOW_SECONDS:
-            raise ValueError(
-                f"lease_seconds must exceed the {WRITE_WINDOW_SECONDS:.0f} s write window, not {self.lease_seconds}"
-            )
-        if self.poll_seconds <= 0 or self.sweep_seconds <= 0 or self.idle_in_transaction_seconds <= 0:
-            raise ValueError("poll_seconds, sweep_seconds and idle_in_transaction_seconds must be positive")
 
 
 class Executor:

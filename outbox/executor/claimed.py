@@ -1,0 +1,61 @@
+"""What the executor, its attempts and its committer pass between them: the claimed action, the window its
+provider call must fit in, the row values one result writes, and what the metrics count of one attempt."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from outbox.kinds import ActionKind
+
+# The provider call must end within this many seconds of the fence; a fence with less lease left refuses.
+WRITE_WINDOW_SECONDS = 60.0
+
+
+@dataclass(frozen=True)
+class ClaimedAction:
+    """An action as one claim took it. `epoch` names every write this attempt makes."""
+
+    id: int
+    kind: ActionKind
+    lane_key: str
+    idempotency_key: str
+    workspace_id: int | None
+    subject_account_id: int | None
+    payload: Any
+    attempt: int
+    max_attempts: int
+    epoch: int
+    # write_started_at as the claim found it: an earlier attempt may have written
+    prior_write_started_at: datetime | None
+    due_at: datetime
+    # the lease left when the claim committed, on the database clock
+    lease_seconds: float
+    # due to claim, on the database clock; None for a reclaim after a lost lease
+    pickup_seconds: float | None = None
+
+
+@dataclass(frozen=True)
+class FinishWrite:
+    """The row values one result writes."""
+
+    state: str
+    stop_reason: str | None = None
+    readback_ref: str | None = None
+    delay_seconds: float = 0.0
+    uncount: int = 0
+    # keep the fence, clear it (a proven retry), or restore what the claim found (a deferral)
+    fence: str = "keep"
+    # the result's reason, kept as the action's last_error; None keeps the earlier one (DONE clears it)
+    last_error: str | None = None
+
+
+@dataclass(frozen=True)
+class AttemptReport:
+    """What the metrics count of one attempt, tallied in the transaction of its result."""
+
+    result: str
+    attempt_seconds: float
+    # due to claim; None for a reclaim after a lost lease, whose due time is long past
+    pickup_seconds: float | None

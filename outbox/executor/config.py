@@ -1,0 +1,41 @@
+"""ExecutorConfig: the executor's settings and their defaults, in one place. The command (`outbox run`), the
+drain flow and the settings take their defaults from here; it imports nothing heavy, so they can."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from outbox.executor.claimed import WRITE_WINDOW_SECONDS
+
+
+@dataclass(frozen=True)
+class ExecutorConfig:
+    # attempts in flight at once in this executor
+    concurrency: int = 64
+    # lane heads claimed per round trip
+    claim_batch: int = 50
+    # a claim's lease; the write window (60 s) must fit inside it after the adapter's preparation
+    lease_seconds: float = 300.0
+    # the longest an idle executor waits before it looks again without a notification
+    poll_seconds: float = 1.0
+    # how often expired leases and expired unstarted actions are looked for
+    sweep_seconds: float = 1.0
+    # on stop: how long an attempt that has not reached its fence may run before it is cancelled
+    handback_grace_seconds: float = 5.0
+    # how long one of the executor's transactions may sit idle holding row locks (its process frozen)
+    # before the server ends it; every executor transaction takes milliseconds
+    idle_in_transaction_seconds: float = 5.0
+
+    def __post_init__(self) -> None:
+        if self.concurrency < 1 or self.claim_batch < 1:
+            raise ValueError("concurrency and claim_batch must be at least 1")
+        if self.lease_seconds <= WRITE_WINDOW_SECONDS:
+            raise ValueError(
+                f"lease_seconds must exceed the {WRITE_WINDOW_SECONDS:.0f} s write window, not {self.lease_seconds}"
+            )
+        if self.poll_seconds <= 0 or self.sweep_seconds <= 0 or self.idle_in_transaction_seconds <= 0:
+            raise ValueError("poll_seconds, sweep_seconds and idle_in_transaction_seconds must be positive")
+
+
+# the defaults, for the options and parameters that offer them
+DEFAULTS = ExecutorConfig()
