@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from outbox.executor import ActionAdapter, ActionAttempt, Done, Result, Uncertain
-from outbox.executor.attempt import ClaimedAction
+from outbox.executor.claimed import ClaimedAction
 from outbox.kinds import ActionKind
 from tests import kinds
 
