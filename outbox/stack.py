@@ -28,6 +28,7 @@ from pathlib import Path
 import psutil
 
 from outbox.email.sink import Faults, SmtpSink
+from outbox.executor.config import DEFAULTS
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -88,7 +89,7 @@ class Stack:
     flaky: float = 0.1
     adapters: str = "examples.accounts:adapters"
     # a shorter lease makes a killed worker's actions come back sooner (tests)
-    lease_seconds: float = 300.0
+    lease_seconds: float = DEFAULTS.lease_seconds
     # the deployments to apply (a copy with a shorter drain interval speeds a soak up)
     prefect_file: Path = ROOT / "deploy" / "prefect.yaml"
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
