@@ -31,10 +31,12 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass
 from types import FrameType
+from typing import Any
 
 import psutil
 
@@ -46,6 +48,8 @@ log = logging.getLogger("outbox.worker")
 # a flow run's state types: one not started yet is cancelled; one running is asked to stop (SIGTERM)
 UNSTARTED = frozenset({"SCHEDULED", "PENDING"})
 STOPPABLE = frozenset({"RUNNING", "CANCELLING", "PAUSED"})
+# the answers of a Prefect server that is busy rather than refusing
+BUSY = frozenset({429, 502, 503})
 
 
 class WorkerSetupError(OutboxError):
@@ -77,20 +81,32 @@ class PrefectApi:
         return cls(url, os.environ.get("PREFECT_API_KEY"), os.environ.get("PREFECT_API_AUTH_STRING"))
 
     def state_type(self, run_id: str) -> str | None:
-        state = self._call("GET", f"/flow_runs/{run_id}").get("state")
+        state = self.call("GET", f"/flow_runs/{run_id}").get("state")
         kind = state.get("type") if isinstance(state, dict) else None
         return kind if isinstance(kind, str) else None
 
     def cancel(self, run_id: str, message: str) -> None:
         body = {"state": {"type": "CANCELLED", "message": message}, "force": True}
-        self._call("POST", f"/flow_runs/{run_id}/set_state", body)
+        self.call("POST", f"/flow_runs/{run_id}/set_state", body)
 
-    def _call(self, method: str, path: str, body: object | None = None) -> dict[str, object]:
+    def call(self, method: str, path: str, body: object | None = None) -> Any:
+        """One call to the API (`path` under its URL), its JSON answer. A busy server (429, 502, 503: Prefect
+        answers 503 while its database is locked) is asked again, three times in all, as Prefect's own
+        client does."""
         data = json.dumps(body).encode() if body is not None else None
+        for pause in (0.5, 1.0):
+            try:
+                return self._send(method, path, data)
+            except urllib.error.HTTPError as error:
+                if error.code not in BUSY:
+                    raise
+            time.sleep(pause)
+        return self._send(method, path, data)
+
+    def _send(self, method: str, path: str, data: bytes | None) -> Any:
         request = urllib.request.Request(self.url + path, data=data, method=method, headers=self.headers)
         with urllib.request.urlopen(request, timeout=10) as response:
-            answer: dict[str, object] = json.loads(response.read() or b"{}")
-            return answer
+            return json.loads(response.read() or b"null")
 
 
 def worker_command(pool: str, name: str, prefect_options: Sequence[str]) -> list[str]:

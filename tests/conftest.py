@@ -29,6 +29,7 @@ from outbox.db import async_engine, embedded_postgres_server, psycopg_url
 from outbox.email.sink import SmtpSink
 from outbox.testing import install_kinds
 from tests import kinds as test_kinds
+from tests.prefect_server import prefect_server  # noqa: F401 (a fixture for the modules that ask for it)
 
 _counter = itertools.count()
 

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import itertools
-import json
 import time
-import urllib.request
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
 from sqlalchemy import Engine, text
+
+from outbox.worker import PrefectApi
 
 _calls = itertools.count()
 
@@ -78,12 +78,6 @@ def insert_ended(
 
 
 def prefect_post(prefect_url: str, path: str, body: dict[str, Any]) -> Any:
-    """POST `body` to a Prefect server's REST API (`path` under /api) and return its JSON answer."""
-    request = urllib.request.Request(
-        f"{prefect_url}/api{path}",
-        data=json.dumps(body).encode(),
-        method="POST",
-        headers={"Content-Type": "application/json"},
-    )
-    with urllib.request.urlopen(request, timeout=10) as response:
-        return json.loads(response.read())
+    """POST `body` to a Prefect server's REST API (`path` under /api) and return its JSON answer; a busy
+    server is asked again, as `outbox worker` asks it."""
+    return PrefectApi(f"{prefect_url}/api", None, None).call("POST", path, body)

@@ -10,15 +10,10 @@ local HTTP receiver.
 
 from __future__ import annotations
 
-import inspect
 import json
-import os
 import re
-import subprocess
-import sys
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -26,16 +21,13 @@ from typing import Any
 import pytest
 from prefect.blocks.notifications import CustomWebhookNotificationBlock
 from prefect.client.orchestration import get_client
-from prefect.events.worker import EventsWorker
-from prefect.logging.handlers import APILogWorker
-from prefect.settings import PREFECT_API_URL, temporary_settings
-from prefect.utilities.asyncutils import run_coro_as_sync
 from sqlalchemy import Engine, text
 
 from flows.drain import drain
 from outbox.email.sink import Faults, SmtpSink
-from outbox.stack import ROOT, descendants, free_port, kill_all, stop_process, wait_until_answers
-from tests.support import prefect_post, until
+from outbox.stack import ROOT
+from tests.prefect_server import PrefectServer
+from tests.support import until
 from tests.test_flows import enqueue_alerts
 
 NOTIFY_FILE = ROOT / "deploy" / "prefect-notify.yaml"
@@ -46,79 +38,6 @@ ADAPTERS = "examples.accounts:adapters"
 REFUSED = "554 5.7.1 refused"  # the relay refuses the message after DATA: the email ends FAILED
 
 pytestmark = pytest.mark.usefixtures("outbox_logger_restored")
-
-
-@dataclass(frozen=True)
-class PrefectServer:
-    url: str  # http://127.0.0.1:<port>
-    home: Path
-
-    def env(self) -> dict[str, str]:
-        return {
-            **os.environ,
-            "PREFECT_HOME": str(self.home),
-            "PREFECT_API_URL": f"{self.url}/api",
-            "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-            "PREFECT_SERVER_UI_ENABLED": "false",
-            "COLUMNS": "500",  # the CLI's messages on one line each
-        }
-
-    def post(self, path: str, body: dict[str, Any]) -> Any:
-        return prefect_post(self.url, path, body)
-
-    def events(self, flow_run_id: Any) -> list[dict[str, Any]]:
-        """The outbox events a flow run emitted (emit_event names the run as a related resource)."""
-        body = {
-            "filter": {
-                "event": {"prefix": ["outbox.action."]},
-                "related": {"id": [f"prefect.flow-run.{flow_run_id}"]},
-            },
-            "limit": 50,
-        }
-        return list(self.post("/events/filter", body)["events"])
-
-    def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "prefect", *args],
-            env=self.env(),
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=180,
-        )
-
-
-def flush_prefect_workers() -> None:
-    """Send what this process's log and event workers hold and stop them, so the next ones start on the
-    API now configured (before this module's server, and before it stops)."""
-
-    async def drain_all() -> None:
-        for result in (APILogWorker.drain_all(), EventsWorker.drain_all()):
-            if inspect.isawaitable(result):
-                await result
-
-    run_coro_as_sync(drain_all())
-
-
-@pytest.fixture(scope="module")
-def prefect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrefectServer]:
-    """`prefect server start` on a free loopback port, with a PREFECT_HOME of its own; this process's
-    Prefect client points at it for the module. Stopped by its PID: SIGTERM, then SIGKILL."""
-    server = PrefectServer(f"http://127.0.0.1:{free_port()}", tmp_path_factory.mktemp("prefect-home"))
-    port = server.url.rpartition(":")[2]
-    command = [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", port]
-    with (server.home / "server.log").open("ab") as log:
-        process = subprocess.Popen(command, env=server.env(), cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
-    try:
-        wait_until_answers(f"{server.url}/api/health", 120, "the Prefect server")
-        flush_prefect_workers()
-        with temporary_settings(updates={PREFECT_API_URL: f"{server.url}/api"}):
-            yield server
-            flush_prefect_workers()
-    finally:
-        started = descendants(process.pid)
-        stop_process(process, 30)
-        kill_all(started)
 
 
 class Receiver:
