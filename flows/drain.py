@@ -50,6 +50,7 @@ from prefect.client.schemas.filters import (
     WorkerFilterStatus,
 )
 from prefect.client.schemas.objects import FlowRun, StateType
+from prefect.context import FlowRunContext
 from prefect.events import emit_event
 from prefect.runtime import flow_run as this_run
 
@@ -119,10 +120,9 @@ async def _drain(
     started = asyncio.get_running_loop().time()
     watchers = [
         asyncio.create_task(_stop_on(stop_requested, executor)),
-        asyncio.create_task(tag_when_claiming(executor, settings.environment)),
+        asyncio.create_task(tag_when_claiming(executor, settings.environment, logger)),
+        asyncio.create_task(hand_over_when_relieved(executor, logger)),
     ]
-    if this_run.get_id() is not None:
-        watchers.append(asyncio.create_task(hand_over_when_relieved(executor, logger)))
     try:
         outcomes = await executor.run(max_actions=max_actions, max_seconds=max_seconds)
     finally:
@@ -153,28 +153,38 @@ async def _stop_on(stop_requested: asyncio.Event, executor: Executor) -> None:
     executor.stop()
 
 
-async def tag_when_claiming(executor: Executor, environment: str) -> None:
+async def tag_when_claiming(executor: Executor, environment: str, logger: Any) -> None:
     """Once the executor claims, add `kind:<KIND>` for each kind it carries out and `env:<environment>` to
-    this run's tags. The relay counts a run only once it carries them: its executor is up."""
+    this run's tags. The relay counts a run only once it carries them: its executor is up. The Prefect API
+    being unreachable delays the tags, never the executor: it is asked again every check."""
     await executor.claiming.wait()
     run_id = this_run.get_id()
     if run_id is None:
         return
+    failing = False
     async with get_client() as client:
-        run = await client.read_flow_run(UUID(run_id))
-        tags = set(run.tags) | {f"kind:{kind}" for kind in executor.kinds} | {f"env:{environment}"}
-        await client.update_flow_run(run.id, tags=sorted(tags))
+        while True:
+            try:
+                run = await client.read_flow_run(UUID(run_id))
+                tags = set(run.tags) | {f"kind:{kind}" for kind in executor.kinds} | {f"env:{environment}"}
+                await client.update_flow_run(run.id, tags=sorted(tags))
+                return
+            except Exception as error:  # the API is down or slow: the run drains untagged meanwhile
+                if not failing:
+                    logger.warning("cannot tag this run (%s); asking again", type(error).__name__)
+                failing = True
+            await asyncio.sleep(HANDOVER_CHECK_SECONDS)
 
 
 async def hand_over_when_relieved(executor: Executor, logger: Any) -> None:
     """Stop the executor once enough newer runs of this deployment are Running (see the module docstring).
     The Prefect API being unreachable never stops the executor: the run keeps draining and looks again."""
-    run_id = UUID(str(this_run.get_id()))
+    context = FlowRunContext.get()
+    me = context.flow_run if context is not None else None
+    if me is None or me.deployment_id is None or me.work_pool_name is None:
+        return  # a run started outside a deployment relays nothing: it ends on its budget or SIGTERM
     failing = False
     async with get_client() as client:
-        me = await client.read_flow_run(run_id)
-        if me.deployment_id is None or me.work_pool_name is None:
-            return  # a run started outside a deployment relays nothing: it ends on its budget or SIGTERM
         while True:
             await asyncio.sleep(HANDOVER_CHECK_SECONDS)
             try:
@@ -185,7 +195,7 @@ async def hand_over_when_relieved(executor: Executor, logger: Any) -> None:
                 failing = True
                 continue
             failing = False
-            newer = relieved_by(run_id, running, workers)
+            newer = relieved_by(me.id, running, workers)
             if newer is not None:
                 logger.info("handing over: %s newer runs for %s ONLINE workers", newer, workers)
                 executor.stop()
