@@ -18,7 +18,7 @@ from tests.conftest import CliResult
 from tests.test_email import ALICE, BOB, attempt_once, enqueue, settings
 
 # the fixtures of the email and reader tests: the example application, the relay and the reader login
-app, sink, reader = test_email.app, test_email.sink, test_reader_role.reader
+app, reader = test_email.app, test_reader_role.reader
 
 NOTICE = "workspace_alert"
 
