@@ -189,6 +189,7 @@ class Restart:
     recovered: float | None = None  # first sample with N executors again
     exit_code: int | None = None
     executors_before: int = 0
+    held: int = 0  # of those, the stopped worker's
     # the worker's flow-run processes (pid: status) 5 s after the SIGTERM; "zombie" means ended, not reaped
     run_processes_at_5s: dict[int, str] = field(default_factory=dict)
 
@@ -354,6 +355,7 @@ class Soak:
             self._soak(deadline)
             self.ended, self.ended_wall = time.monotonic(), datetime.now(UTC)
             self.trickle.stop.set()
+            threads[1].join(30)  # its last enqueue is in, and counted
             if not self.interrupted:
                 self._settle()
             self._recoveries()
@@ -372,10 +374,12 @@ class Soak:
         try:
             while (now := time.monotonic()) < deadline:
                 if now >= next_restart and deadline - now > restart_every / 2:
-                    name = f"worker-{turn % self.args.workers + 1}"
+                    name = self._next_to_restart(turn)
                     turn += 1
-                    log(f"restart {turn}: stopping {name} ({self.count_now()} executors)")
+                    held = sum(1 for e in list(self.sampler.executors.values()) if e.left is None and e.worker == name)
+                    log(f"restart {turn}: stopping {name} ({self.count_now()} executors, {held} of them on it)")
                     restart = restart_worker(self.stack, name, self.count_now)
+                    restart.held = held
                     self.restarts.append(restart)
                     log(
                         f"restart {turn}: {name} exited {restart.exit_code} after"
@@ -394,6 +398,15 @@ class Soak:
         except KeyboardInterrupt:  # report what was seen so far, then stop everything
             self.interrupted = True
             log(f"interrupted after {(time.monotonic() - self.began) / 60:.1f} min: reporting what was seen so far")
+
+    def _next_to_restart(self, turn: int) -> str:
+        """The next worker in turn; with --restart-busiest, the one holding the most executors now (as a
+        crash may pick), the next in turn among equals."""
+        names = [f"worker-{(turn + k) % self.args.workers + 1}" for k in range(self.args.workers)]
+        if not self.args.restart_busiest:
+            return names[0]
+        held = Counter(e.worker for e in list(self.sampler.executors.values()) if e.left is None)
+        return max(names, key=lambda name: (held[name], -names.index(name)))
 
     def _recoveries(self) -> None:
         """A restart's window ends at the first sample with N executors after the count dropped below N; when
@@ -428,7 +441,10 @@ class Soak:
     def _settle(self) -> None:
         """Give the last emails (and their retries) up to --settle seconds to end."""
         deadline = time.monotonic() + self.args.settle
-        while time.monotonic() < deadline and self._ended_emails() < self.trickle.enqueued:
+        while time.monotonic() < deadline:
+            with self.engine.connect() as conn:
+                if not conn.execute(text("SELECT count(*) FROM agent_action WHERE ended_at IS NULL")).scalar_one():
+                    return
             time.sleep(1.0)
 
     # ---- the report ----------------------------------------------------------------------------------
@@ -521,6 +537,7 @@ class Soak:
                     "stop_s": round(r.stopped - r.stopping, 1),
                     "exit_code": r.exit_code,
                     "executors_before": r.executors_before,
+                    "held": r.held,
                     "back_to_n_after_s": round(r.recovered - r.stopping, 1) if r.recovered is not None else None,
                     "run_processes_at_5s": r.run_processes_at_5s,
                 }
@@ -618,6 +635,9 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=3)
     parser.add_argument("--rate", type=int, default=2, help="emails enqueued a second")
     parser.add_argument("--restart-every", type=float, default=10.0, help="minutes between worker restarts")
+    parser.add_argument(
+        "--restart-busiest", action="store_true", help="restart the worker holding the most executors, not the next"
+    )
     parser.add_argument("--settle", type=float, default=120.0, help="seconds the last emails get to end")
     parser.add_argument("--database-url", help="an empty database (default: a fresh embedded PostgreSQL)")
     parser.add_argument("--workdir", type=Path, help="default: ./.outbox/drain-soak/<UTC time>")
