@@ -68,7 +68,7 @@ def run(
     from outbox.cli.common import err, log_to_stderr, migrated_engine
     from outbox.executor import ExecutorConfig
     from outbox.executor.adapter import load_adapters
-    from outbox.executor.claimed import WRITE_WINDOW_SECONDS
+    from outbox.executor.config import WRITE_WINDOW_SECONDS
 
     if lease_seconds <= WRITE_WINDOW_SECONDS:
         window = f"the {WRITE_WINDOW_SECONDS:g} s write window"

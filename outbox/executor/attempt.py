@@ -15,7 +15,8 @@ import asyncio
 from typing import Protocol
 
 from outbox.errors import OutboxError
-from outbox.executor.claimed import WRITE_WINDOW_SECONDS, ClaimedAction
+from outbox.executor.claimed import ClaimedAction
+from outbox.executor.config import WRITE_WINDOW_SECONDS
 
 
 class WriteFence(Protocol):

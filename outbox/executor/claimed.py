@@ -9,9 +9,6 @@ from typing import Any
 
 from outbox.kinds import ActionKind
 
-# The provider call must end within this many seconds of the fence; a fence with less lease left refuses.
-WRITE_WINDOW_SECONDS = 60.0
-
 
 @dataclass(frozen=True)
 class ClaimedAction:

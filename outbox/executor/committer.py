@@ -31,7 +31,8 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from outbox import store, store_metrics
-from outbox.executor.claimed import WRITE_WINDOW_SECONDS, AttemptReport, ClaimedAction, FinishWrite
+from outbox.executor.claimed import AttemptReport, ClaimedAction, FinishWrite
+from outbox.executor.config import WRITE_WINDOW_SECONDS
 
 log = logging.getLogger("outbox.executor")
 

@@ -1,11 +1,13 @@
 """ExecutorConfig: the executor's settings and their defaults, in one place. The command (`outbox run`), the
-drain flow and the settings take their defaults from here; it imports nothing heavy, so they can."""
+drain flow and the settings take their defaults from here; it imports nothing, so the commands that never
+run an executor can."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from outbox.executor.claimed import WRITE_WINDOW_SECONDS
+# The provider call must end within this many seconds of the fence; a fence with less lease left refuses.
+WRITE_WINDOW_SECONDS = 60.0
 
 
 @dataclass(frozen=True)

@@ -43,9 +43,9 @@ from outbox.db import fault_text
 from outbox.executor.adapter import ActionAdapter
 from outbox.executor.attempt import ActionAttempt, FenceRefused
 from outbox.executor.backoff import own_fault_delay, retry_delay
-from outbox.executor.claimed import WRITE_WINDOW_SECONDS, AttemptReport, ClaimedAction, FinishWrite
+from outbox.executor.claimed import AttemptReport, ClaimedAction, FinishWrite
 from outbox.executor.committer import Committer, database_unavailable
-from outbox.executor.config import ExecutorConfig
+from outbox.executor.config import WRITE_WINDOW_SECONDS, ExecutorConfig
 from outbox.executor.outcomes import Outcomes
 from outbox.executor.results import (
     Abandoned,
