@@ -18,7 +18,9 @@ Prefect's choice (the first to poll), so a worker may hold two runs while anothe
 No Prefect task per action: an action is plain Python inside the run, so Prefect's retries and state
 records never fight the outbox's own attempts. SIGTERM (from `outbox worker` when its replica stops, or
 from a cancellation) stops the executor the outbox way: claimed actions that have not fenced go back to
-their lanes, fenced ones finish inside their window, and the run ends Completed. Each run is a fresh
+their lanes, fenced ones finish inside their window, and the run ends Completed. A run whose replica
+stops (not a cancelled one) first starts a run to take its place and keeps its executor until that run
+claims (at most 30 s), so a restart never leaves the executors short by the runs it held. Each run is a fresh
 subprocess, which is why the metrics live in the database.
 
 Events: `outbox.action.uncertain` (any kind) and `outbox.action.failed` (EMAIL). The resource is the action
@@ -29,6 +31,7 @@ or payload.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -64,6 +67,8 @@ from outbox.settings import load_settings
 
 # how often a run looks for its successor; a handover overlaps by at most this much plus the hand-back
 HANDOVER_CHECK_SECONDS = 2.0
+# how long a run stopped by its worker keeps its executor while its replacement starts
+REPLACEMENT_WAIT_SECONDS = 30.0
 
 
 def ship_outbox_logs() -> None:
@@ -119,7 +124,7 @@ async def _drain(
     executor.outcomes.listeners.append(emit_ended)
     started = asyncio.get_running_loop().time()
     watchers = [
-        asyncio.create_task(_stop_on(stop_requested, executor)),
+        asyncio.create_task(_stop_on(stop_requested, executor, logger)),
         asyncio.create_task(tag_when_claiming(executor, settings.environment, logger)),
         asyncio.create_task(hand_over_when_relieved(executor, logger)),
     ]
@@ -148,9 +153,37 @@ async def _drain(
     return summary
 
 
-async def _stop_on(stop_requested: asyncio.Event, executor: Executor) -> None:
+async def _stop_on(stop_requested: asyncio.Event, executor: Executor, logger: Any) -> None:
     await stop_requested.wait()
+    with contextlib.suppress(Exception):  # no replacement (the API unreachable): stop all the same
+        await replace_before_stopping(logger)
     executor.stop()
+
+
+async def replace_before_stopping(logger: Any) -> None:
+    """A deployment run stopped by its worker (not cancelled) drops its `kind:` tags (the relay no longer
+    counts it), asks for a run to take its place now, and keeps its executor until that run claims, for at
+    most REPLACEMENT_WAIT_SECONDS: a replica restarted while it holds every executor leaves none missing.
+    Its own worker takes no new run while it stops, so another replica takes the replacement."""
+    context = FlowRunContext.get()
+    me = context.flow_run if context is not None else None
+    if me is None or me.deployment_id is None:
+        return
+    async with get_client() as client:
+        current = await client.read_flow_run(me.id)
+        # no longer counted by the relay: a stopping run must not make another one hand over
+        await client.update_flow_run(me.id, tags=[tag for tag in current.tags if not tag.startswith("kind:")])
+        if current.state is not None and current.state.type == StateType.CANCELLING:
+            return  # cancelled by an operator: nothing takes its place
+        replacement = await client.create_flow_run_from_deployment(me.deployment_id)
+        logger.info("stopping: run %s takes over", replacement.name)
+        deadline = asyncio.get_running_loop().time() + REPLACEMENT_WAIT_SECONDS
+        while asyncio.get_running_loop().time() < deadline:
+            run = await client.read_flow_run(replacement.id)
+            if any(tag.startswith("kind:") for tag in run.tags):
+                return
+            await asyncio.sleep(1.0)
+        logger.warning("stopping: run %s did not claim within %.0f s", replacement.name, REPLACEMENT_WAIT_SECONDS)
 
 
 async def tag_when_claiming(executor: Executor, environment: str, logger: Any) -> None:

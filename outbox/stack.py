@@ -123,14 +123,14 @@ class Stack:
             self._prefect("deployment", "run", "outbox-drain/outbox-drain")
 
     def start_worker(self, name: str) -> subprocess.Popen[bytes]:
-        command = [sys.executable, "-m", "outbox.cli", "worker", "--name", f"outbox-{name}", "--grace", "30"]
+        command = [sys.executable, "-m", "outbox.cli", "worker", "--name", f"outbox-{name}", "--grace", "60"]
         return self._spawn(name, command)
 
     def stop_worker(self, name: str) -> int:
         """SIGTERM one worker, as a replica being stopped; its runs hand back and end. Returns its exit code."""
         process = self.processes.pop(name)
         process.send_signal(signal.SIGTERM)
-        return process.wait(60)
+        return process.wait(90)
 
     def env(self) -> dict[str, str]:
         assert self.sink is not None
@@ -227,8 +227,20 @@ class Stack:
         a child started and left behind goes last."""
         order = sorted(self.processes, key=lambda n: (not n.startswith("worker"), n == "prefect-server"))
         started = [child for name in order for child in descendants(self.processes[name].pid)]
+        workers = [self.processes[name] for name in order if name.startswith("worker")]
+        for worker in workers:  # all at once: each waits for its runs to hand back
+            if worker.poll() is None:
+                worker.send_signal(signal.SIGTERM)
         for name in order:
-            stop_process(self.processes[name], 60)
+            process = self.processes[name]
+            if process in workers:
+                try:
+                    process.wait(90)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    process.wait(10)
+            else:
+                stop_process(process, 60)
         kill_all(started)
         self.processes.clear()
         if self._mailbox is not None:

@@ -116,14 +116,17 @@ def test_runs_relay_without_a_gap_and_end_completed_when_their_worker_stops(engi
     handed_over = [r for r in flow_runs(stack.prefect_url) if r["state_name"] == "Completed"]
     assert handed_over[0]["id"] in first
 
-    # a replica stopped in order: its runs end Completed, never Crashed, and nothing stays Pending
+    # a replica stopped in order, the one holding the most runs: its runs start their replacements on the
+    # other replica and end Completed once those claim, so the executors never drop below two
     running = Counter(r["name"].split(" ")[0] for r in flow_runs(stack.prefect_url) if r["state_name"] == "Running")
-    stopped, held = running.most_common(1)[0]
-    stack.stop_worker(stopped.removeprefix("outbox-"))
+    stopped, _ = running.most_common(1)[0]
+    with ExecutorCount(engine) as executors:
+        stack.stop_worker(stopped.removeprefix("outbox-"))
+    assert executors.samples and min(executors.samples) >= 2, executors.samples
     on_stopped = [r for r in flow_runs(stack.prefect_url) if r["name"].startswith(f"{stopped} ")]
     assert all(r["state_name"] == "Completed" for r in on_stopped), [(r["name"], r["state_name"]) for r in on_stopped]
     final = states(stack.prefect_url)
-    assert set(final) <= {"Completed", "Running"} and final["Running"] == 2 - held, final
+    assert set(final) <= {"Completed", "Running"} and final["Running"] == 2, final
     # no run did anything (nothing was enqueued): not one artifact
     artifacts = prefect_post(
         stack.prefect_url, "/artifacts/filter", {"artifacts": {"key": {"any_": ["outbox-drain-summary"]}}}
