@@ -69,6 +69,8 @@ from outbox.settings import load_settings
 HANDOVER_CHECK_SECONDS = 2.0
 # how long a run stopped by its worker keeps its executor while its replacement starts
 REPLACEMENT_WAIT_SECONDS = 30.0
+# a run carries `kind:<KIND>` tags while its executor claims: the relay counts those runs only
+CLAIMING_TAG = "kind:"
 
 
 def ship_outbox_logs() -> None:
@@ -153,6 +155,15 @@ async def _drain(
     return summary
 
 
+def deployment_run() -> FlowRun | None:
+    """This flow run, when a deployment on a work pool started it; None for a run called directly."""
+    context = FlowRunContext.get()
+    me = context.flow_run if context is not None else None
+    if me is None or me.deployment_id is None or me.work_pool_name is None:
+        return None
+    return me
+
+
 async def _stop_on(stop_requested: asyncio.Event, executor: Executor, logger: Any) -> None:
     await stop_requested.wait()
     with contextlib.suppress(Exception):  # no replacement (the API unreachable): stop all the same
@@ -165,14 +176,14 @@ async def replace_before_stopping(logger: Any) -> None:
     counts it), asks for a run to take its place now, and keeps its executor until that run claims, for at
     most REPLACEMENT_WAIT_SECONDS: a replica restarted while it holds every executor leaves none missing.
     Its own worker takes no new run while it stops, so another replica takes the replacement."""
-    context = FlowRunContext.get()
-    me = context.flow_run if context is not None else None
-    if me is None or me.deployment_id is None:
+    me = deployment_run()
+    if me is None:
         return
+    assert me.deployment_id is not None  # deployment_run says so
     async with get_client() as client:
         current = await client.read_flow_run(me.id)
         # no longer counted by the relay: a stopping run must not make another one hand over
-        await client.update_flow_run(me.id, tags=[tag for tag in current.tags if not tag.startswith("kind:")])
+        await client.update_flow_run(me.id, tags=[tag for tag in current.tags if not tag.startswith(CLAIMING_TAG)])
         if current.state is not None and current.state.type == StateType.CANCELLING:
             return  # cancelled by an operator: nothing takes its place
         replacement = await client.create_flow_run_from_deployment(me.deployment_id)
@@ -180,7 +191,7 @@ async def replace_before_stopping(logger: Any) -> None:
         deadline = asyncio.get_running_loop().time() + REPLACEMENT_WAIT_SECONDS
         while asyncio.get_running_loop().time() < deadline:
             run = await client.read_flow_run(replacement.id)
-            if any(tag.startswith("kind:") for tag in run.tags):
+            if is_claiming(run):
                 return
             await asyncio.sleep(1.0)
         logger.warning("stopping: run %s did not claim within %.0f s", replacement.name, REPLACEMENT_WAIT_SECONDS)
@@ -199,7 +210,7 @@ async def tag_when_claiming(executor: Executor, environment: str, logger: Any) -
         while True:
             try:
                 run = await client.read_flow_run(UUID(run_id))
-                tags = set(run.tags) | {f"kind:{kind}" for kind in executor.kinds} | {f"env:{environment}"}
+                tags = set(run.tags) | {f"{CLAIMING_TAG}{kind}" for kind in executor.kinds} | {f"env:{environment}"}
                 await client.update_flow_run(run.id, tags=sorted(tags))
                 return
             except Exception as error:  # the API is down or slow: the run drains untagged meanwhile
@@ -212,9 +223,8 @@ async def tag_when_claiming(executor: Executor, environment: str, logger: Any) -
 async def hand_over_when_relieved(executor: Executor, logger: Any) -> None:
     """Stop the executor once enough newer runs of this deployment are Running (see the module docstring).
     The Prefect API being unreachable never stops the executor: the run keeps draining and looks again."""
-    context = FlowRunContext.get()
-    me = context.flow_run if context is not None else None
-    if me is None or me.deployment_id is None or me.work_pool_name is None:
+    me = deployment_run()
+    if me is None:
         return  # a run started outside a deployment relays nothing: it ends on its budget or SIGTERM
     failing = False
     async with get_client() as client:
@@ -248,11 +258,13 @@ async def _relay_view(client: PrefectClient, me: FlowRun) -> tuple[list[tuple[da
         me.work_pool_name, worker_filter=WorkerFilter(status=WorkerFilterStatus(any_=["ONLINE"]))
     )
     claiming: list[tuple[datetime, UUID]] = [
-        (run.start_time, run.id)
-        for run in runs
-        if run.start_time is not None and any(tag.startswith("kind:") for tag in run.tags)
+        (run.start_time, run.id) for run in runs if run.start_time is not None and is_claiming(run)
     ]
     return claiming, len(workers)
+
+
+def is_claiming(run: FlowRun) -> bool:
+    return any(tag.startswith(CLAIMING_TAG) for tag in run.tags)
 
 
 def relieved_by(me: UUID, running: list[tuple[datetime, UUID]], workers: int) -> int | None:

@@ -59,6 +59,13 @@ def stop_process(process: subprocess.Popen[bytes], grace: float) -> None:
         process.wait(10)
 
 
+def prefect_cli(args: tuple[str, ...], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """One `prefect` command, run from the project folder; its output captured."""
+    return subprocess.run(
+        [sys.executable, "-m", "prefect", *args], env=env, cwd=ROOT, capture_output=True, text=True, timeout=180
+    )
+
+
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -169,14 +176,7 @@ class Stack:
         wait_until_answers(f"{self.prefect_url}/api/health", 120, "the Prefect server")
 
     def _prefect(self, *args: str) -> None:
-        done = subprocess.run(
-            [sys.executable, "-m", "prefect", *args],
-            env=self.env(),
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=180,
-        )
+        done = prefect_cli(args, self.env())
         if done.returncode != 0:
             raise RuntimeError(f"prefect {' '.join(args)} failed: {(done.stdout + done.stderr)[-2000:]}")
 

@@ -19,7 +19,7 @@ from prefect.logging.handlers import APILogWorker
 from prefect.settings import PREFECT_API_URL, temporary_settings
 from prefect.utilities.asyncutils import run_coro_as_sync
 
-from outbox.stack import ROOT, descendants, free_port, kill_all, stop_process, wait_until_answers
+from outbox.stack import ROOT, descendants, free_port, kill_all, prefect_cli, stop_process, wait_until_answers
 from tests.support import prefect_post
 
 
@@ -53,14 +53,7 @@ class PrefectServer:
         return list(self.post("/events/filter", body)["events"])
 
     def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "prefect", *args],
-            env=self.env(),
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=180,
-        )
+        return prefect_cli(args, self.env())
 
 
 def flush_prefect_workers() -> None:
