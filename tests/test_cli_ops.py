@@ -10,7 +10,7 @@ import pytest
 from sqlalchemy import Engine, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from outbox import store
+from outbox import store_executor
 from outbox.cli import app
 from outbox.testing import drain
 from tests import kinds
@@ -39,7 +39,7 @@ def test_status_shows_the_backlog_lanes_leases_and_recent_uncertain_actions(engi
     lost = enqueue(engine, lane="lane-lost")
     with engine.begin() as conn:  # an executor took it and died: its lease ran out
         params = {"limit": 1, "lease_seconds": 300, "kinds": [NOOP]}
-        assert conn.execute(store.CLAIM_READY_HEADS, params).one().id == lost
+        assert conn.execute(store_executor.CLAIM_READY_HEADS, params).one().id == lost
         conn.execute(text("UPDATE agent_action SET lease_expires_at = now() - interval '1 second'"))
     enqueue(engine, lane="lane-1")
     enqueue(engine, lane="lane-1")

@@ -305,8 +305,9 @@ async def test_a_retry_after_its_own_fence_clears_it(engine: Engine, aengine: As
 def test_a_frozen_executor_does_not_block_enqueues_into_its_lanes(engine: Engine, database_url: str) -> None:
     """Found by the chaos run: an executor frozen (SIGSTOP) inside its group commit kept its lane's row
     locked, and an application's enqueue into that lane waited for as long as the process stayed frozen.
-    The executor bounds how long its transactions may sit idle: the server ends the frozen session, the
-    enqueue goes through, and the executor, once it wakes, finds its connection lost and tries again."""
+    Every statement of the executor is now a transaction of its own: frozen between two of them (here just
+    before its result's statement), it holds no lock, the enqueue goes through at once, and the executor,
+    once it wakes, records its result."""
     action_id = enqueue(engine, lane="frozen")
     frozen, release = threading.Event(), threading.Event()
     outcome: list[Any] = []
@@ -319,8 +320,7 @@ def test_a_frozen_executor_does_not_block_enqueues_into_its_lanes(engine: Engine
     async def run_executor() -> None:
         aengine = async_engine(database_url)
         event.listen(aengine.sync_engine, "before_cursor_execute", freeze_before_the_result)
-        config = ExecutorConfig(idle_in_transaction_seconds=1)
-        executor = Executor(aengine, [ScriptedAdapter(kinds.NOOP)], config, listen=False)
+        executor = Executor(aengine, [ScriptedAdapter(kinds.NOOP)], listen=False)
         outcome.append(await executor.run(until_idle=True))
         await aengine.dispose()
 
@@ -340,7 +340,7 @@ def test_a_frozen_executor_does_not_block_enqueues_into_its_lanes(engine: Engine
         release.set()
         thread.join(60)
     assert not thread.is_alive() and outcome
-    assert row(engine, action_id)["state"] == "DONE"  # recorded on a new connection after the wake-up
+    assert row(engine, action_id)["state"] == "DONE"  # recorded after the wake-up
     assert row(engine, behind.id)["state"] == "DONE"
 
 

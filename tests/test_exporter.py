@@ -28,7 +28,7 @@ from sqlalchemy import Engine, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from outbox import store, store_metrics
+from outbox import store_metrics
 from outbox.executor.committer import Committer
 from outbox.retention import purge_ended
 from tests.support import until
@@ -425,8 +425,10 @@ async def test_one_merge_at_a_time_and_group_commits_never_wait_for_it(engine: E
             other.execute(merge)
         other.commit()
         committing.execute(  # a group commit's tallies, while the merge holds its rows
-            store.ADD_ATTEMPT_TALLIES,
-            {"kinds": ["TEST_NOOP"], "results": ["DONE"], "recorded": [True], "counts": [5]},
+            text(
+                "INSERT INTO agent_action_attempt_tally (kind, result, recorded, n)"
+                " VALUES ('TEST_NOOP', 'DONE', true, 5)"
+            )
         )
         committing.commit()
         merging.commit()

@@ -4,8 +4,8 @@
                claim (UPDATE ... SKIP LOCKED) ─▶ fence (UPDATE write_started_at) ─▶ finish (UPDATE to DONE),
                each its own transaction, as outbox's executor does them
     lifecycle: the same, after inserting those 50 jobs one per transaction, as callers enqueue them
-    schema   : outbox's own statements (`outbox.store`) on `agent_action` with its triggers and lane table,
-               in the committer's transaction shapes: what the database costs outbox before any Python runs
+    schema   : outbox's own statements (`outbox.store_executor`: the claim and the group commit) on
+               `agent_action` with its triggers and lane table: what the database costs outbox
 
     python -m bench.peers.sql_loop minimal|lifecycle|schema --url ... --seconds S --out FILE
 
@@ -16,11 +16,11 @@ Each process loops until nothing is left to claim (or `--seconds` for lifecycle)
 from __future__ import annotations
 
 import argparse
+import asyncio
 import time
 from pathlib import Path
 
 import psycopg
-from sqlalchemy import create_engine
 
 BATCH = 50
 
@@ -86,50 +86,28 @@ def minimal(url: str, seconds: float | None, insert: bool) -> tuple[int, int, in
 
 
 def schema(url: str) -> tuple[int, int, int]:
-    """outbox's claim, fence and finish statements, in the committer's transactions, on its own schema."""
-    from outbox import store
-    from outbox.db import psycopg_url
+    """outbox's claim and group commit (`ExecutorStore`), fences then results, on its own schema."""
+    return asyncio.run(_schema(url))
 
-    engine = create_engine(psycopg_url(url))
+
+async def _schema(url: str) -> tuple[int, int, int]:
+    from outbox.db import async_engine
+    from outbox.executor.claimed import AttemptReport, FinishWrite
+    from outbox.store_executor import ExecutorStore, Write
+
+    engine = async_engine(url)
+    store = ExecutorStore(engine)
     done = 0
     start = time.monotonic_ns()
-    with engine.connect() as conn:
-        while True:
-            with conn.begin():
-                claimed = list(
-                    conn.execute(
-                        store.CLAIM_READY_HEADS, {"limit": BATCH, "lease_seconds": 300, "kinds": ["TEST_NOOP"]}
-                    )
-                )
-            if not claimed:
-                break
-            ids = sorted(r.id for r in claimed)
-            epochs = [r.epoch for r in sorted(claimed, key=lambda r: r.id)]
-            lanes = sorted({r.lane_key for r in claimed})
-            with conn.begin():
-                conn.execute(store.LOCK_ACTIONS, {"ids": ids})
-                conn.execute(store.BEGIN_WRITES, {"ids": ids, "epochs": epochs, "window_seconds": 60.0})
-            n = len(ids)
-            with conn.begin():
-                conn.execute(store.LOCK_ACTIONS, {"ids": ids})
-                conn.execute(store.LOCK_LANES, {"lanes": lanes})
-                conn.execute(
-                    store.FINISH_ATTEMPTS,
-                    {
-                        "ids": ids,
-                        "epochs": epochs,
-                        "states": ["DONE"] * n,
-                        "stop_reasons": ["CONFIRMED"] * n,
-                        "readback_refs": ["noop"] * n,
-                        "delays": [0.0] * n,
-                        "uncounts": [0] * n,
-                        "fences": ["keep"] * n,
-                        "prior_writes": [None] * n,
-                    },
-                )
-            done += n
-    engine.dispose()
-    return done, start, time.monotonic_ns()
+    while claimed := await store.claim(BATCH, 300, ["TEST_NOOP"]):
+        await store.commit([Write(a) for a in claimed], 60.0)
+        report = AttemptReport("DONE", 0.001, 0.01)
+        finish = FinishWrite("DONE", "CONFIRMED", readback_ref="noop")
+        await store.commit([Write(a, report, finish) for a in claimed], 60.0)
+        done += len(claimed)
+    end = time.monotonic_ns()
+    await engine.dispose()
+    return done, start, end
 
 
 def read_result(path: Path) -> tuple[int, int, int]:

@@ -1,10 +1,11 @@
-"""Group commit: the fences and results of concurrent attempts, many per short transaction.
+"""Group commit: the fences and results of concurrent attempts, many per statement.
 
-    attempts ──(fence | result + FinishWrite + AttemptReport, future)──▶ queue ──▶ one transaction:
+    attempts ──(fence | result + FinishWrite + AttemptReport, future)──▶ queue ──▶ one statement
+        (`ExecutorStore.commit`, its own transaction):
         lock the rows (and, for a state change, the lane rows) with SKIP LOCKED
         fence:  write_started_at where epoch and state still match and the lease covers the window
-        result: the result's state where epoch and state still match; then the attempt tallies
-    commit ──▶ resolve each future. A row someone else holds waits for the next transaction.
+        result: the result's state where epoch and state still match; the attempt tallies beside it
+    committed ──▶ resolve each future. A row someone else holds waits for the next statement.
 
 Every write names its own epoch, so batching never lets one attempt write for another, and a future
 resolves only after its transaction committed: a provider call starts after its own fence is durable.
@@ -21,18 +22,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
-from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
 import psycopg
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncEngine
 
-from outbox import store, store_metrics
+from outbox import store_metrics
 from outbox.executor.claimed import AttemptReport, ClaimedAction, FinishWrite
 from outbox.executor.config import WRITE_WINDOW_SECONDS
+from outbox.store_executor import ExecutorStore, Write, WriteOutcome
 
 log = logging.getLogger("outbox.executor")
 
@@ -42,13 +42,6 @@ _MAX_BATCH = 500
 # how often the tally rows are merged, and how long a merge may take or wait for a lock
 TALLY_MERGE_SECONDS = 10.0
 _MERGE_TIMEOUT_MS = 5000
-
-
-# Upper bounds (seconds) of the attempt duration and pickup delay histograms.
-LATENCY_BUCKETS = (
-    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0,
-    math.inf,
-)  # fmt: skip
 
 
 @dataclass
@@ -65,11 +58,10 @@ class Committer:
         self,
         engine: AsyncEngine,
         *,
-        idle_in_transaction_seconds: float = 5.0,
         tally_merge_seconds: float = TALLY_MERGE_SECONDS,
     ) -> None:
         self._engine = engine
-        self._idle_ms = max(1, round(idle_in_transaction_seconds * 1000))
+        self._store = ExecutorStore(engine)
         self._queue: list[_Pending] = []
         self._arrived = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -184,122 +176,39 @@ class Committer:
                         await asyncio.wait_for(self._arrived.wait(), _HELD_RETRY_SECONDS)
 
     async def _commit(self, batch: list[_Pending]) -> list[_Pending]:
-        """One transaction for the batch; resolves what it decided, returns what others hold."""
-        resolutions: list[tuple[_Pending, str | bool | None]] = []
-        held_elsewhere: list[_Pending] = []
-        async with self._engine.begin() as conn:
-            await conn.execute(store.BOUND_IDLE_IN_TRANSACTION, {"ms": self._idle_ms})
-            ids = sorted({p.action.id for p in batch})
-            locked = {row.id: (row.epoch, row.state) for row in await conn.execute(store.LOCK_ACTIONS, {"ids": ids})}
-            unlocked = [i for i in ids if i not in locked]
-            existing = (
-                set((await conn.execute(store.EXISTING_ACTIONS, {"ids": unlocked})).scalars()) if unlocked else set()
-            )
-            current: list[_Pending] = []
-            for pending in batch:
-                action = pending.action
-                if pending.report is not None and pending.finish is None:
-                    resolutions.append((pending, False))  # a result that writes nothing
-                elif action.id in existing:
-                    held_elsewhere.append(pending)
-                elif action.id not in locked:
-                    resolutions.append((pending, _refusal(pending, "the action was erased")))
-                elif locked[action.id] != (action.epoch, "EXECUTING"):
-                    epoch, state = locked[action.id]
-                    reason = f"another claim took the action (epoch {epoch}, {state})"
-                    resolutions.append((pending, _refusal(pending, reason)))
-                else:
-                    current.append(pending)
-            # a state change recomputes the lane: hold its row first (an EXECUTING action always has one)
-            lanes = sorted({p.action.lane_key for p in current if p.report is not None})
-            locked_lanes = set((await conn.execute(store.LOCK_LANES, {"lanes": lanes})).scalars()) if lanes else set()
-            fences = [p for p in current if p.report is None]
-            finishes = [p for p in current if p.report is not None and p.action.lane_key in locked_lanes]
-            held_elsewhere += [p for p in current if p.report is not None and p.action.lane_key not in locked_lanes]
-            if fences:
-                resolutions += await self._begin_writes(conn, fences)
-            if finishes:
-                resolutions += await self._finish(conn, finishes)
-            await _tally(conn, [(p, outcome) for p, outcome in resolutions if p.report is not None])
+        """One statement for the batch; resolves what it decided, returns what others hold (and a second
+        write for an action already in the batch, which waits for the next one)."""
+        first: dict[int, _Pending] = {}
+        later: list[_Pending] = []
+        for pending in batch:
+            if pending.action.id in first:
+                later.append(pending)
+            else:
+                first[pending.action.id] = pending
+        writes = list(first.values())
+        outcomes = await self._store.commit([Write(p.action, p.report, p.finish) for p in writes], WRITE_WINDOW_SECONDS)
         self.commits += 1
-        for pending, outcome in resolutions:
-            if not pending.future.done():
-                pending.future.set_result(outcome)  # type: ignore[arg-type]
-        return held_elsewhere
-
-    async def _begin_writes(
-        self, conn: AsyncConnection, fences: list[_Pending]
-    ) -> list[tuple[_Pending, str | bool | None]]:
-        params = {
-            "ids": [p.action.id for p in fences],
-            "epochs": [p.action.epoch for p in fences],
-            "window_seconds": WRITE_WINDOW_SECONDS,
-        }
-        fenced = set((await conn.execute(store.BEGIN_WRITES, params)).scalars())
-        short = f"less than {WRITE_WINDOW_SECONDS:.0f} s of the lease are left"
-        return [(p, None if p.action.id in fenced else short) for p in fences]
-
-    async def _finish(
-        self, conn: AsyncConnection, finishes: list[_Pending]
-    ) -> list[tuple[_Pending, str | bool | None]]:
-        writes = [(p.action, p.finish) for p in finishes if p.finish is not None]
-        params = {
-            "ids": [a.id for a, _ in writes],
-            "epochs": [a.epoch for a, _ in writes],
-            "states": [w.state for _, w in writes],
-            "stop_reasons": [w.stop_reason for _, w in writes],
-            "readback_refs": [w.readback_ref for _, w in writes],
-            "delays": [w.delay_seconds for _, w in writes],
-            "uncounts": [w.uncount for _, w in writes],
-            "fences": [w.fence for _, w in writes],
-            "prior_writes": [a.prior_write_started_at for a, _ in writes],
-            "last_errors": [w.last_error for _, w in writes],
-        }
-        recorded = set((await conn.execute(store.FINISH_ATTEMPTS, params)).scalars())
-        return [(p, p.action.id in recorded) for p in finishes]
+        held = [p for p, o in zip(writes, outcomes, strict=True) if o.outcome == "held"]
+        for pending, outcome in zip(writes, outcomes, strict=True):
+            if outcome.outcome != "held" and not pending.future.done():
+                pending.future.set_result(_resolution(pending, outcome))  # type: ignore[arg-type]
+        return held + later
 
 
-def _refusal(pending: _Pending, reason: str) -> str | bool:
-    """What a write that cannot take effect resolves to: a fence's reason, or a result not recorded."""
-    return reason if pending.report is None else False
-
-
-async def _tally(conn: AsyncConnection, results: list[tuple[_Pending, str | bool | None]]) -> None:
-    """The attempts decided in this transaction, counted in it: durable as the results themselves."""
-    if not results:
-        return
-    attempts: Counter[tuple[str, str, bool]] = Counter()
-    latency: dict[tuple[str, str, float], list[float]] = defaultdict(list)
-    for pending, recorded in results:
-        report, kind = pending.report, pending.action.kind.name
-        assert report is not None
-        attempts[(kind, report.result, bool(recorded))] += 1
-        latency[(kind, "attempt_duration", _bucket(report.attempt_seconds))].append(report.attempt_seconds)
-        if report.pickup_seconds is not None:
-            latency[(kind, "pickup_delay", _bucket(report.pickup_seconds))].append(report.pickup_seconds)
-    await conn.execute(
-        store.ADD_ATTEMPT_TALLIES,
-        {
-            "kinds": [k for k, _, _ in attempts],
-            "results": [r for _, r, _ in attempts],
-            "recorded": [c for _, _, c in attempts],
-            "counts": list(attempts.values()),
-        },
-    )
-    await conn.execute(
-        store.ADD_LATENCY_TALLIES,
-        {
-            "kinds": [k for k, _, _ in latency],
-            "metrics": [m for _, m, _ in latency],
-            "les": [le for _, _, le in latency],
-            "counts": [len(v) for v in latency.values()],
-            "totals": [sum(v) for v in latency.values()],
-        },
-    )
-
-
-def _bucket(seconds: float) -> float:
-    return next(le for le in LATENCY_BUCKETS if seconds <= le)
+def _resolution(pending: _Pending, outcome: WriteOutcome) -> str | bool | None:
+    """A fence resolves to None when it committed, else to the reason it refused; a result to whether it
+    was recorded."""
+    if pending.report is not None:
+        return outcome.outcome == "written"
+    match outcome.outcome:
+        case "written":
+            return None
+        case "gone":
+            return "the action was erased"
+        case "stale":
+            return f"another claim took the action (epoch {outcome.found_epoch}, {outcome.found_state})"
+        case _:
+            return f"less than {WRITE_WINDOW_SECONDS:.0f} s of the lease are left"
 
 
 def connection_lost(error: DBAPIError) -> bool:

@@ -24,9 +24,6 @@ class ExecutorConfig:
     sweep_seconds: float = 1.0
     # on stop: how long an attempt that has not reached its fence may run before it is cancelled
     handback_grace_seconds: float = 5.0
-    # how long one of the executor's transactions may sit idle holding row locks (its process frozen)
-    # before the server ends it; every executor transaction takes milliseconds
-    idle_in_transaction_seconds: float = 5.0
 
     def __post_init__(self) -> None:
         if self.concurrency < 1 or self.claim_batch < 1:
@@ -35,8 +32,8 @@ class ExecutorConfig:
             raise ValueError(
                 f"lease_seconds must exceed the {WRITE_WINDOW_SECONDS:.0f} s write window, not {self.lease_seconds}"
             )
-        if self.poll_seconds <= 0 or self.sweep_seconds <= 0 or self.idle_in_transaction_seconds <= 0:
-            raise ValueError("poll_seconds, sweep_seconds and idle_in_transaction_seconds must be positive")
+        if self.poll_seconds <= 0 or self.sweep_seconds <= 0:
+            raise ValueError("poll_seconds and sweep_seconds must be positive")
 
 
 # the defaults, for the options and parameters that offer them

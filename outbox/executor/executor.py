@@ -29,16 +29,15 @@ import os
 import re
 import socket
 import uuid
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Awaitable, Iterable
+from typing import TypeVar
 
 import psycopg
-from sqlalchemy import Row
 from sqlalchemy.exc import DBAPIError, DisconnectionError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from outbox import store, store_metrics
+from outbox import store
 from outbox.db import fault_text
 from outbox.executor.adapter import ActionAdapter
 from outbox.executor.attempt import ActionAttempt, FenceRefused
@@ -61,10 +60,12 @@ from outbox.executor.results import (
 )
 from outbox.kinds import ActionKind
 from outbox.states import ActionState, StopReason
+from outbox.store_executor import ExecutorStore
 
 log = logging.getLogger("outbox.executor")
 
 _STOPPING = "the executor is stopping"
+_T = TypeVar("_T")
 
 
 class Executor:
@@ -77,6 +78,7 @@ class Executor:
         listen: bool = True,
     ) -> None:
         self._engine = engine
+        self._store = ExecutorStore(engine)
         self._adapters: dict[str, ActionAdapter] = {}
         for adapter in adapters:
             if adapter.kind.name in self._adapters:
@@ -119,7 +121,7 @@ class Executor:
         """Claim and carry out actions until stopped, or until idle, a claim budget or a time is reached."""
         loop = asyncio.get_running_loop()
         self._wake = asyncio.Event()
-        self._committer = Committer(self._engine, idle_in_transaction_seconds=self.config.idle_in_transaction_seconds)
+        self._committer = Committer(self._engine)
         self._committer.start()
         if self._stopping:
             self._committer.refuse_fences = _STOPPING
@@ -175,7 +177,7 @@ class Executor:
             task.cancel()
         await self._wait_inflight(None)
         await self._committer.close()
-        await self._execute(store_metrics.LEAVE, {"executor_id": self.executor_id})
+        await self._tried(self._store.leave(self.executor_id))
 
     async def _wait_inflight(self, seconds: float | None) -> None:
         if self._inflight:
@@ -184,67 +186,35 @@ class Executor:
     # ---- finding work ----------------------------------------------------------------------------
 
     async def _claim(self, limit: int) -> list[ClaimedAction]:
-        params = {"limit": limit, "lease_seconds": self.config.lease_seconds, "kinds": self._kinds}
-        rows = await self._execute(store.CLAIM_READY_HEADS, params)
-        claimed = [self._claimed(row, fresh=True) for row in rows]
+        claimed = await self._tried(self._store.claim(limit, self.config.lease_seconds, self._kinds)) or []
         for action in claimed:
             self._spawn(action)
         return claimed
 
     async def _sweep(self, free: int) -> int:
         """Beat; end what expired before it started; take back expired leases. Returns the actions touched."""
-        await self._execute(store_metrics.BEAT, {"executor_id": self.executor_id})
-        expired = await self._execute(store.EXPIRE_UNSTARTED, {"limit": 500})
-        for row in expired:
-            self.outcomes.end(row.id, row.kind, ActionState.CANCELLED, StopReason.EXPIRED)
-        if free <= 0:
-            return len(expired)
-        params = {
-            "limit": free,
-            "lease_seconds": self.config.lease_seconds,
-            "at_most_once": self._at_most_once,
-            "kinds": self._kinds,
-        }
-        taken = await self._execute(store.TAKE_BACK_EXPIRED_LEASES, params)
-        for row in taken:
-            if row.state == ActionState.EXECUTING:
-                log.info("action %s: lease expired, claimed again (attempt %s)", row.id, row.attempt)
-                self._spawn(self._claimed(row, fresh=False))
-            else:
-                self.outcomes.end(row.id, row.kind, row.state, row.stop_reason, row.notice)
-        return len(expired) + len(taken)
+        sweep = await self._tried(
+            self._store.sweep(self.executor_id, free, self.config.lease_seconds, self._kinds, self._at_most_once)
+        )
+        if sweep is None:
+            return 0
+        for action_id, kind, state, stop_reason, notice in sweep.ended:
+            self.outcomes.end(action_id, kind, state, stop_reason, notice)
+        for action in sweep.claimed_again:
+            log.info("action %s: lease expired, claimed again (attempt %s)", action.id, action.attempt)
+            self._spawn(action)
+        return len(sweep.ended) + len(sweep.claimed_again)
 
-    async def _execute(self, statement: Any, params: dict[str, Any]) -> list[Row[Any]]:
+    @staticmethod
+    async def _tried(call: Awaitable[_T]) -> _T | None:
+        """`call`'s answer; None when the database was unavailable (the loop tries again)."""
         try:
-            async with self._engine.begin() as conn:
-                idle_ms = max(1, round(self.config.idle_in_transaction_seconds * 1000))
-                await conn.execute(store.BOUND_IDLE_IN_TRANSACTION, {"ms": idle_ms})
-                result = await conn.execute(statement, params)
-                return list(result) if result.returns_rows else []
+            return await call
         except (DBAPIError, PoolTimeout) as error:
             if not database_unavailable(error):
                 raise
             log.warning("database unavailable, trying again: %s", getattr(error, "orig", None) or error)
-            return []
-
-    @staticmethod
-    def _claimed(row: Row[Any], *, fresh: bool) -> ClaimedAction:
-        return ClaimedAction(
-            id=row.id,
-            kind=ActionKind.get(row.kind),
-            lane_key=row.lane_key,
-            idempotency_key=row.idempotency_key,
-            workspace_id=row.workspace_id,
-            subject_account_id=row.subject_account_id,
-            payload=row.payload,
-            attempt=row.attempt,
-            max_attempts=row.max_attempts,
-            epoch=row.epoch,
-            prior_write_started_at=row.write_started_at,
-            due_at=row.due_at,
-            lease_seconds=row.lease_seconds,
-            pickup_seconds=max(0.0, row.pickup_seconds) if fresh else None,
-        )
+            return None
 
     async def _listen_for_enqueues(self) -> None:
         """Wake on NOTIFY from an enqueue's commit; on any failure, reconnect (polling covers the gap)."""

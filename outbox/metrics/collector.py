@@ -45,10 +45,10 @@ from sqlalchemy.exc import DBAPIError
 
 from outbox import store_metrics as sql
 from outbox.db import fault_text
-from outbox.executor.committer import LATENCY_BUCKETS
 from outbox.executor.results import RESULT_NAMES
 from outbox.kinds import ActionKind
 from outbox.states import REASON_STATE
+from outbox.store_executor import LATENCY_BUCKETS
 from outbox.store_ops import COUNT_UNENDED_BY_STATE_AND_KIND
 
 log = logging.getLogger("outbox.metrics")
