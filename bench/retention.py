@@ -4,7 +4,7 @@
 
 1,000,000 ended rows (`bench.executor.seed_ended`, ended a day ago), two executor processes, and a steady
 feed of no-op actions (--rate per second over 1,000 lanes) that keeps them claiming. A sampler times
-`store.CLAIM_READY_HEADS` (50 heads) on a connection of its own, rolled back each time, every ~10 ms:
+`store_executor.CLAIM_READY_HEADS` (50 heads) on a connection of its own, rolled back each time, every ~10 ms:
 first for --baseline-seconds without a purge, then while `outbox purge --older-than 12h` runs in a
 process of its own and deletes the million rows. Reports the purge rate, claim p50/p99 in both phases
 and the p99 ratio (target: within 2x).
@@ -26,7 +26,7 @@ from sqlalchemy import Connection, Engine
 
 from bench import harness
 from bench.executor import seed_ended
-from outbox import store
+from outbox import store_executor
 
 LANES = 1_000
 FEED_TICK_SECONDS = 0.1
@@ -54,7 +54,7 @@ class Feed:
 def claim_ms(sampler: Connection) -> float:
     """One claim as an executor makes it, timed from the statement to its last row, then rolled back."""
     started = time.perf_counter()
-    sampler.execute(store.CLAIM_READY_HEADS, CLAIM_PARAMS).all()
+    sampler.execute(store_executor.CLAIM_READY_HEADS, CLAIM_PARAMS).all()
     elapsed = (time.perf_counter() - started) * 1000
     sampler.rollback()
     return elapsed
