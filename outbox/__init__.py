@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from outbox.action import Action
     from outbox.erasure import erase_account, erase_account_async
     from outbox.errors import ActionNotFound, InvalidRequest, OutboxError, TransitionRefused
-    from outbox.intake import admit, cancel, enqueue, enqueue_async, refuse
+    from outbox.intake import admit, cancel, enqueue, enqueue_async, enqueue_many, enqueue_many_async, refuse
     from outbox.kinds import ActionKind
     from outbox.requests import ActionRequest
     from outbox.states import ActionState, StopReason
@@ -35,6 +35,8 @@ _HOMES = {
     "cancel": "outbox.intake",
     "enqueue": "outbox.intake",
     "enqueue_async": "outbox.intake",
+    "enqueue_many": "outbox.intake",
+    "enqueue_many_async": "outbox.intake",
     "erase_account": "outbox.erasure",
     "erase_account_async": "outbox.erasure",
     "refuse": "outbox.intake",
@@ -54,6 +56,8 @@ __all__ = [
     "cancel",
     "enqueue",
     "enqueue_async",
+    "enqueue_many",
+    "enqueue_many_async",
     "erase_account",
     "erase_account_async",
     "refuse",

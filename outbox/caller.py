@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from functools import cache
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import psycopg
 from psycopg.rows import dict_row
@@ -30,6 +30,11 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 from sqlalchemy.orm import Session
 
 from outbox.errors import OutboxError
+
+if TYPE_CHECKING:
+    from outbox.store import Query
+
+T = TypeVar("T")
 
 SyncConnection = Connection | Session | psycopg.Connection[Any]
 AsyncConn = AsyncConnection | AsyncSession | psycopg.AsyncConnection[Any]
@@ -87,3 +92,13 @@ async def fetch_async(conn: AsyncConn, statement: TextClause, params: Mapping[st
             await cursor.execute(_psycopg_sql(statement), params)
             return await cursor.fetchall() if cursor.description is not None else []
     raise TypeError(f"outbox needs {_ASYNC_TYPES}, not {type(conn).__name__}")
+
+
+def run(conn: SyncConnection, query: Query[T]) -> T:
+    """Run one store query on the caller's connection, in its transaction."""
+    return query.read(fetch(conn, query.statement, query.params))
+
+
+async def run_async(conn: AsyncConn, query: Query[T]) -> T:
+    """`run` for an async connection."""
+    return query.read(await fetch_async(conn, query.statement, query.params))

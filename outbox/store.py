@@ -7,7 +7,17 @@ take their rows with SKIP LOCKED, so they never wait on a caller's open transact
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Generic, TypeVar
+
 from sqlalchemy import TextClause, text
+
+from outbox.action import Action
+from outbox.requests import ValidRequest
+
+T = TypeVar("T")
 
 NOTIFY_CHANNEL = "outbox_action"
 
@@ -21,20 +31,93 @@ ACTION_COLUMNS = (
 
 DATABASE_NOW = text("SELECT clock_timestamp() AS now")
 
-# A repeated idempotency key inserts nothing; a racing duplicate waits for the first to commit.
-INSERT_ACTION = text(f"""
-WITH inserted AS (
+# Many actions in one statement, in the order given (a lane runs in id order). A repeated idempotency key
+# inserts nothing: the statement also returns the rows that held the key before it began; a racing
+# duplicate waits for the first to commit, and its row is read by `SELECT_ACTIONS_BY_KEY` (a new snapshot).
+# If any expires_at has passed on the database clock, nothing is inserted and the first such one returns.
+INSERT_ACTIONS = text(f"""
+WITH input AS MATERIALIZED (
+    SELECT * FROM unnest(
+        CAST(:kinds AS text[]), CAST(:workspace_ids AS bigint[]), CAST(:lane_keys AS text[]),
+        CAST(:idempotency_keys AS text[]), CAST(:payloads AS text[]), CAST(:subject_account_ids AS bigint[]),
+        CAST(:max_attempts AS int[]), CAST(:expires_ats AS timestamptz[]), CAST(:states AS text[])
+    ) WITH ORDINALITY AS i (kind, workspace_id, lane_key, idempotency_key, payload, subject_account_id,
+                            max_attempts, expires_at, state, position)
+), expired AS MATERIALIZED (
+    SELECT position, clock_timestamp() AS database_now FROM input
+     WHERE expires_at <= clock_timestamp() ORDER BY position LIMIT 1
+), inserted AS (
     INSERT INTO agent_action (kind, workspace_id, lane_key, idempotency_key, payload,
                               subject_account_id, max_attempts, expires_at, state)
-    VALUES (:kind, :workspace_id, :lane_key, :idempotency_key, CAST(:payload AS jsonb),
-            :subject_account_id, :max_attempts, :expires_at, :state)
+    SELECT kind, workspace_id, lane_key, idempotency_key, CAST(payload AS jsonb),
+           subject_account_id, max_attempts, expires_at, state
+      FROM input WHERE NOT EXISTS (SELECT FROM expired) ORDER BY position
     ON CONFLICT (idempotency_key) DO NOTHING
     RETURNING {ACTION_COLUMNS}
 )
-SELECT * FROM inserted
+SELECT NULL::bigint AS expired_position, NULL::timestamptz AS database_now, {ACTION_COLUMNS} FROM inserted
+UNION ALL
+SELECT NULL, NULL, {ACTION_COLUMNS} FROM agent_action
+ WHERE idempotency_key = ANY (CAST(:idempotency_keys AS text[])) AND NOT EXISTS (SELECT FROM expired)
+UNION ALL
+SELECT position, database_now, {", ".join("NULL" for _ in ACTION_COLUMNS.split(","))} FROM expired
 """)
+SELECT_ACTIONS_BY_KEY = text(
+    f"SELECT {ACTION_COLUMNS} FROM agent_action WHERE idempotency_key = ANY (CAST(:keys AS text[]))"
+)
 
-SELECT_ACTION_BY_KEY = text(f"SELECT {ACTION_COLUMNS} FROM agent_action WHERE idempotency_key = :key")
+
+@dataclass(frozen=True)
+class Query(Generic[T]):
+    """One statement, its parameters, and what its rows become: run by `outbox.caller` on the caller's
+    connection, whichever library holds it."""
+
+    statement: TextClause
+    params: Mapping[str, Any]
+    read: Callable[[list[dict[str, Any]]], T]
+
+
+@dataclass(frozen=True)
+class Inserted:
+    """What INSERT_ACTIONS found: the actions by idempotency key (inserted now, or there before), or the
+    position (from 0) of the first request whose expires_at had passed, with the database's clock."""
+
+    by_key: dict[str, Action]
+    expired: tuple[int, datetime] | None = None
+
+
+def insert_actions(requests: Sequence[ValidRequest]) -> Query[Inserted]:
+    """The actions of `requests`, in their order, in one statement (see INSERT_ACTIONS)."""
+    params = {
+        "kinds": [r.kind.name for r in requests],
+        "workspace_ids": [r.workspace_id for r in requests],
+        "lane_keys": [r.lane_key for r in requests],
+        "idempotency_keys": [r.idempotency_key for r in requests],
+        "payloads": [r.payload_json for r in requests],
+        "subject_account_ids": [r.subject_account_id for r in requests],
+        "max_attempts": [r.max_attempts for r in requests],
+        "expires_ats": [r.expires_at for r in requests],
+        "states": [r.state for r in requests],
+    }
+    return Query(INSERT_ACTIONS, params, _inserted)
+
+
+def _inserted(rows: list[dict[str, Any]]) -> Inserted:
+    for row in rows:
+        if row["expired_position"] is not None:
+            return Inserted({}, (row["expired_position"] - 1, row["database_now"]))
+    return Inserted(_by_key(rows))
+
+
+def actions_by_key(keys: Sequence[str]) -> Query[dict[str, Action]]:
+    """The actions that hold `keys`, read in a new snapshot (after a racing duplicate committed)."""
+    return Query(SELECT_ACTIONS_BY_KEY, {"keys": list(keys)}, _by_key)
+
+
+def _by_key(rows: list[dict[str, Any]]) -> dict[str, Action]:
+    return {row["idempotency_key"]: Action.from_row(row) for row in rows}
+
+
 SELECT_ACTION = text(f"SELECT {ACTION_COLUMNS} FROM agent_action WHERE id = :id")
 
 
