@@ -40,7 +40,7 @@ class Outbox(System):
     def __init__(self, name: str = "outbox", args: tuple[str, ...] = ()) -> None:
         self.name = name
         self.args = args
-        self.settings = f"outbox run {' '.join(args) or '(defaults: --concurrency 64 --claim-batch 50)'}"
+        self.settings = f"outbox run {' '.join(args) or '(defaults: --concurrency 64, claims as large as the free slots)'}"
 
     def prepare(self, url: str) -> None:
         engine = create_engine(url)

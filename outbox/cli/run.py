@@ -42,8 +42,12 @@ def run(
     concurrency: int = typer.Option(
         DEFAULTS.concurrency, min=1, max=MAX_CONCURRENCY, help="Attempts in flight at once."
     ),
-    claim_batch: int = typer.Option(
-        DEFAULTS.claim_batch, min=1, max=MAX_PAGE, help="Lane heads claimed per round trip."
+    claim_batch: int | None = typer.Option(
+        DEFAULTS.claim_batch,
+        min=1,
+        max=MAX_PAGE,
+        help="The most lane heads one claim takes (default: as many as --concurrency). A claim takes as many"
+        " as there are free slots: few when busy or idle, many under a burst.",
     ),
     lease_seconds: float = typer.Option(
         DEFAULTS.lease_seconds,

@@ -14,8 +14,9 @@ WRITE_WINDOW_SECONDS = 60.0
 class ExecutorConfig:
     # attempts in flight at once in this executor
     concurrency: int = 64
-    # lane heads claimed per round trip
-    claim_batch: int = 50
+    # the most lane heads one claim takes (None: as many as `concurrency`); a claim takes as many as there
+    # are free slots, so it is small when the executor is busy or idle and large under a burst
+    claim_batch: int | None = None
     # a claim's lease; the write window (60 s) must fit inside it after the adapter's preparation
     lease_seconds: float = 300.0
     # the longest an idle executor waits before it looks again without a notification
@@ -26,7 +27,7 @@ class ExecutorConfig:
     handback_grace_seconds: float = 5.0
 
     def __post_init__(self) -> None:
-        if self.concurrency < 1 or self.claim_batch < 1:
+        if self.concurrency < 1 or (self.claim_batch is not None and self.claim_batch < 1):
             raise ValueError("concurrency and claim_batch must be at least 1")
         if self.lease_seconds <= WRITE_WINDOW_SECONDS:
             raise ValueError(
@@ -34,6 +35,11 @@ class ExecutorConfig:
             )
         if self.poll_seconds <= 0 or self.sweep_seconds <= 0:
             raise ValueError("poll_seconds and sweep_seconds must be positive")
+
+    @property
+    def claim_size(self) -> int:
+        """The most lane heads one claim takes."""
+        return self.claim_batch or self.concurrency
 
 
 # the defaults, for the options and parameters that offer them

@@ -66,6 +66,8 @@ log = logging.getLogger("outbox.executor")
 
 _STOPPING = "the executor is stopping"
 _T = TypeVar("_T")
+# how long a busy executor waits for more free slots before it claims for the few it has
+GATHER_SECONDS = 0.005
 
 
 class Executor:
@@ -129,6 +131,7 @@ class Executor:
         deadline = loop.time() + max_seconds if max_seconds is not None else math.inf
         budget = max_actions if max_actions is not None else math.inf
         next_sweep = 0.0
+        gather_until = 0.0
         try:
             while not self._stopping and loop.time() < deadline and budget > 0:
                 self._wake.clear()
@@ -137,16 +140,22 @@ class Executor:
                     found += await self._sweep(self._free_slots())
                     next_sweep = loop.time() + self.config.sweep_seconds
                     self.claiming.set()
-                want = int(min(self._free_slots(), self.config.claim_batch, budget))
-                if want > 0:
+                want = int(min(self._free_slots(), self.config.claim_size, budget))
+                # Busy with few slots free: let more attempts end (at most GATHER_SECONDS) so that one claim
+                # takes many heads; an idle executor claims at once.
+                gathering = bool(self._inflight) and want < self.config.claim_size // 4 and loop.time() < gather_until
+                if want > 0 and not gathering:
                     claimed = await self._claim(want)
                     budget -= len(claimed)
                     found += len(claimed)
+                    gather_until = loop.time() + GATHER_SECONDS
                     if len(claimed) == want and self._free_slots() > 0:
                         continue  # more heads may be ready right now
                 if until_idle and found == 0 and not self._inflight:
                     break
                 timeout = min(self.config.poll_seconds, max(0.0, next_sweep - loop.time()), deadline - loop.time())
+                if gathering:
+                    timeout = min(timeout, gather_until - loop.time())
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), max(timeout, 0.001))
         finally:
