@@ -56,12 +56,15 @@ WITH ready AS MATERIALIZED (
      LIMIT :limit
      FOR UPDATE SKIP LOCKED
 ), heads AS MATERIALIZED (
-    -- one primary-key probe per ready lane, whatever the statistics say
+    -- one primary-key probe per ready lane, whatever the statistics say: the head's other conditions are
+    -- one expression (IS TRUE), which no index can serve, so the planner never walks the due actions
+    -- (ix_agent_action_admitted_due) looking for the head
     SELECT h.id FROM ready AS r
      CROSS JOIN LATERAL (
         SELECT a.id FROM agent_action AS a
-         WHERE a.id = r.head_id AND a.state = 'ADMITTED' AND a.due_at <= now()
-           AND a.kind = ANY (CAST(:kinds AS text[])) AND (a.expires_at IS NULL OR a.expires_at > now())
+         WHERE a.id = r.head_id
+           AND (a.state = 'ADMITTED' AND a.due_at <= now() AND a.kind = ANY (CAST(:kinds AS text[]))
+                AND (a.expires_at IS NULL OR a.expires_at > now())) IS TRUE
            FOR UPDATE SKIP LOCKED
      ) AS h
 )
