@@ -15,18 +15,18 @@ import time
 import uuid
 from pathlib import Path
 
-from sqlalchemy import create_engine
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 import outbox
-from bench import harness, kinds
+from bench import kinds
 from bench.peers import System, WorkerSpec, base_env, python
 from bench.peers.common import Recorder, produce, worker_arguments
-from outbox import migrate
 from outbox.db import async_engine
 from outbox.executor import ActionAdapter, ActionAttempt, Done, Result
 from outbox.kinds import ActionKind
-from outbox.testing import install_kinds
+
+# The worker process imports this module for its adapter: the schema and bulk-load helpers (Alembic, the
+# harness) are imported where they are used, so the worker's memory is the executor's own.
 
 # lanes of the producer's actions: one per action, so nothing waits on order (the peers keep none)
 PRODUCER_LANE = "s-{i}"
@@ -40,9 +40,14 @@ class Outbox(System):
     def __init__(self, name: str = "outbox", args: tuple[str, ...] = ()) -> None:
         self.name = name
         self.args = args
-        self.settings = f"outbox run {' '.join(args) or '(defaults: --concurrency 64, claims as large as the free slots)'}"
+        self.settings = f"outbox run {' '.join(args) or '(defaults: --concurrency 64, claims of the free slots)'}"
 
     def prepare(self, url: str) -> None:
+        from sqlalchemy import create_engine
+
+        from outbox import migrate
+        from outbox.testing import install_kinds
+
         engine = create_engine(url)
         with engine.begin() as conn:
             migrate.upgrade(conn)
@@ -50,6 +55,10 @@ class Outbox(System):
         engine.dispose()
 
     def preload(self, url: str, count: int, lanes: int | None) -> float | None:
+        from sqlalchemy import create_engine
+
+        from bench import harness
+
         engine = create_engine(url)
         harness.bulk_admit(engine, count, lanes or count)
         engine.dispose()
@@ -66,6 +75,10 @@ class Outbox(System):
         return WorkerSpec([python(), "-m", "outbox.cli", "run", "--adapters", f"{__name__}:adapters", *self.args], env)
 
     def wait_ready(self, url: str, ready: list[Path], timeout: float = 60) -> None:
+        from sqlalchemy import create_engine
+
+        from bench import harness
+
         engine = create_engine(url)
         harness.wait_listening(engine, len(ready), timeout)
         engine.dispose()
