@@ -53,7 +53,8 @@ class NoTransaction(OutboxError):
 
 
 @cache
-def _psycopg_sql(statement: TextClause) -> str:
+def psycopg_sql(statement: TextClause) -> str:
+    """`statement` in psycopg's own parameter style (`%(name)s`), compiled once."""
     return str(statement.compile(dialect=PGDialect_psycopg()))  # type: ignore[no-untyped-call]
 
 
@@ -76,7 +77,7 @@ def fetch(conn: SyncConnection, statement: TextClause, params: Mapping[str, Any]
         _check_transaction(conn)
         with conn.cursor(row_factory=dict_row) as cursor:
             _own_loaders(cursor)
-            cursor.execute(_psycopg_sql(statement), params)
+            cursor.execute(psycopg_sql(statement), params)
             return cursor.fetchall() if cursor.description is not None else []
     raise TypeError(f"outbox needs {_SYNC_TYPES}, not {type(conn).__name__} (async ones: the *_async functions)")
 
@@ -89,7 +90,7 @@ async def fetch_async(conn: AsyncConn, statement: TextClause, params: Mapping[st
         _check_transaction(conn)
         async with conn.cursor(row_factory=dict_row) as cursor:
             _own_loaders(cursor)
-            await cursor.execute(_psycopg_sql(statement), params)
+            await cursor.execute(psycopg_sql(statement), params)
             return await cursor.fetchall() if cursor.description is not None else []
     raise TypeError(f"outbox needs {_ASYNC_TYPES}, not {type(conn).__name__}")
 

@@ -104,6 +104,11 @@ def async_engine(
     return create_async_engine(bound, **options)
 
 
+def libpq_url(engine: AsyncEngine | Engine) -> str:
+    """The engine's database as a libpq URL, its timeouts included, for a psycopg connection of one's own."""
+    return engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
+
+
 def start_embedded_postgres(data_dir: Path) -> str:
     """Start (or reuse) an embedded PostgreSQL under `data_dir`; return its URL.
 

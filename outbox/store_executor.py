@@ -24,10 +24,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Row, text
-from sqlalchemy.ext.asyncio import AsyncEngine
+import psycopg
+from psycopg.rows import namedtuple_row
+from sqlalchemy import TextClause, text
 
 from outbox import store_metrics
+from outbox.caller import psycopg_sql
 from outbox.executor.claimed import AttemptReport, ClaimedAction, FinishWrite
 from outbox.kinds import ActionKind
 
@@ -250,14 +252,36 @@ def bucket(seconds: float) -> float:
 
 
 class ExecutorStore:
-    """The executor's statements on `engine`, each in a transaction of its own."""
+    """The executor's statements, each a transaction of its own, on a connection this store holds.
 
-    def __init__(self, engine: AsyncEngine) -> None:
-        self._engine = engine.execution_options(isolation_level="AUTOCOMMIT")
+    The connection is psycopg's own, opened from `url` (a libpq URL: `outbox.db.libpq_url` of the executor's
+    engine, timeouts included) on first use, in autocommit, and kept: a claim or a group commit costs one
+    round trip and no pool checkout. A lost connection raises psycopg's OperationalError (an own fault,
+    `outbox.executor.committer.database_unavailable`) and is opened again by the next call.
+    """
 
-    async def _rows(self, statement: Any, params: dict[str, Any]) -> Sequence[Row[Any]]:
-        async with self._engine.connect() as conn:
-            return (await conn.execute(statement, params)).all()
+    def __init__(self, url: str) -> None:
+        self._url = url
+        self._conn: psycopg.AsyncConnection[Any] | None = None
+
+    async def close(self) -> None:
+        if self._conn is not None:
+            conn, self._conn = self._conn, None
+            await conn.close()
+
+    async def _connection(self) -> psycopg.AsyncConnection[Any]:
+        if self._conn is None or self._conn.closed:
+            self._conn = await psycopg.AsyncConnection.connect(self._url, autocommit=True, row_factory=namedtuple_row)
+        return self._conn
+
+    async def _rows(self, statement: TextClause, params: dict[str, Any]) -> list[Any]:
+        conn = await self._connection()
+        try:
+            cursor = await conn.execute(psycopg_sql(statement), params)
+            return await cursor.fetchall() if cursor.description is not None else []
+        except (psycopg.OperationalError, psycopg.InterfaceError):
+            await self.close()
+            raise
 
     async def claim(self, limit: int, lease_seconds: float, kinds: list[str]) -> list[ClaimedAction]:
         """Up to `limit` ready lane heads of `kinds`, claimed under a lease of `lease_seconds`."""
@@ -267,28 +291,31 @@ class ExecutorStore:
     async def sweep(
         self, executor_id: str, free: int, lease_seconds: float, kinds: list[str], at_most_once: list[str]
     ) -> Sweep:
-        """Beat; end what expired before it started; take back up to `free` expired leases."""
-        async with self._engine.connect() as conn:
-            await conn.execute(store_metrics.BEAT, {"executor_id": executor_id})
-            expired = await conn.execute(EXPIRE_UNSTARTED, {"limit": 500})
+        """Beat; end what expired before it started; take back up to `free` expired leases. One round trip."""
+        conn = await self._connection()
+        params = {"limit": free, "lease_seconds": lease_seconds, "at_most_once": at_most_once, "kinds": kinds}
+        try:
+            async with conn.pipeline():
+                await conn.execute(psycopg_sql(store_metrics.BEAT), {"executor_id": executor_id})
+                expired = await conn.execute(psycopg_sql(EXPIRE_UNSTARTED), {"limit": 500})
+                taken = await conn.execute(psycopg_sql(TAKE_BACK_EXPIRED_LEASES), params) if free > 0 else None
             ended: list[tuple[int, str, str, str, str | None]] = [
-                (row.id, row.kind, "CANCELLED", "EXPIRED", None) for row in expired
+                (row.id, row.kind, "CANCELLED", "EXPIRED", None) for row in await expired.fetchall()
             ]
-            if free <= 0:
-                return Sweep(ended, [])
-            params = {"limit": free, "lease_seconds": lease_seconds, "at_most_once": at_most_once, "kinds": kinds}
             again: list[ClaimedAction] = []
-            for row in await conn.execute(TAKE_BACK_EXPIRED_LEASES, params):
+            for row in await taken.fetchall() if taken is not None else []:
                 if row.state == "EXECUTING":
                     again.append(claimed_action(row, fresh=False))
                 else:
                     ended.append((row.id, row.kind, row.state, row.stop_reason, row.notice))
-            return Sweep(ended, again)
+        except (psycopg.OperationalError, psycopg.InterfaceError):
+            await self.close()
+            raise
+        return Sweep(ended, again)
 
     async def leave(self, executor_id: str) -> None:
         """Remove this executor's heartbeat row."""
-        async with self._engine.connect() as conn:
-            await conn.execute(store_metrics.LEAVE, {"executor_id": executor_id})
+        await self._rows(store_metrics.LEAVE, {"executor_id": executor_id})
 
     async def commit(self, writes: Sequence[Write], window_seconds: float) -> list[WriteOutcome]:
         """The group commit of `writes` (one per action); one outcome per write, in order."""
@@ -334,7 +361,7 @@ def _add_write(params: dict[str, list[Any]], write: Write) -> None:
         params[name].append(value)
 
 
-def claimed_action(row: Row[Any], *, fresh: bool) -> ClaimedAction:
+def claimed_action(row: Any, *, fresh: bool) -> ClaimedAction:
     """A claimed row as the attempt sees it; `fresh` for a claim from its lane (not a reclaim after a lost
     lease, whose due time is long past and says nothing about pickup)."""
     return ClaimedAction(

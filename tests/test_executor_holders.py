@@ -8,7 +8,7 @@ import threading
 from collections.abc import AsyncIterator
 from typing import Any
 
-from sqlalchemy import Engine, event, text
+from sqlalchemy import Engine, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 import outbox
@@ -305,29 +305,30 @@ async def test_a_retry_after_its_own_fence_clears_it(engine: Engine, aengine: As
 def test_a_frozen_executor_does_not_block_enqueues_into_its_lanes(engine: Engine, database_url: str) -> None:
     """Found by the chaos run: an executor frozen (SIGSTOP) inside its group commit kept its lane's row
     locked, and an application's enqueue into that lane waited for as long as the process stayed frozen.
-    Every statement of the executor is now a transaction of its own: frozen between two of them (here just
-    before its result's statement), it holds no lock, the enqueue goes through at once, and the executor,
+    Every statement of the executor is now a transaction of its own: frozen between two of them (here after
+    its fence, before its result), it holds no lock, the enqueue goes through at once, and the executor,
     once it wakes, records its result."""
     action_id = enqueue(engine, lane="frozen")
     frozen, release = threading.Event(), threading.Event()
     outcome: list[Any] = []
 
-    def freeze_before_the_result(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
-        if "SET state = f.state" in statement and not release.is_set():
+    async def freeze_before_the_result(attempt: ActionAttempt) -> Result:
+        (await attempt.fence().begin_write()).check()
+        if attempt.action.id == action_id:
             frozen.set()
             release.wait(60)  # blocks this executor's event loop: its whole process is frozen
+        return Done("ok")
 
     async def run_executor() -> None:
         aengine = async_engine(database_url)
-        event.listen(aengine.sync_engine, "before_cursor_execute", freeze_before_the_result)
-        executor = Executor(aengine, [ScriptedAdapter(kinds.NOOP)], listen=False)
+        executor = Executor(aengine, [ScriptedAdapter(kinds.NOOP, freeze_before_the_result)], listen=False)
         outcome.append(await executor.run(until_idle=True))
         await aengine.dispose()
 
     thread = threading.Thread(target=asyncio.run, args=(run_executor(),))
     thread.start()
     try:
-        assert frozen.wait(30), "the executor never reached its result write"
+        assert frozen.wait(30), "the executor never passed its fence"
         with engine.begin() as conn:  # the application's transaction: it must not wait for the frozen process
             conn.execute(text("SET LOCAL lock_timeout = '10s'"))
             behind = outbox.enqueue(

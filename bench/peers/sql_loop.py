@@ -91,12 +91,13 @@ def schema(url: str) -> tuple[int, int, int]:
 
 
 async def _schema(url: str) -> tuple[int, int, int]:
-    from outbox.db import async_engine
+    from sqlalchemy.engine import make_url
+
+    from outbox.db import psycopg_url
     from outbox.executor.claimed import AttemptReport, FinishWrite
     from outbox.store_executor import ExecutorStore, Write
 
-    engine = async_engine(url)
-    store = ExecutorStore(engine)
+    store = ExecutorStore(make_url(psycopg_url(url)).set(drivername="postgresql").render_as_string(hide_password=False))
     done = 0
     start = time.monotonic_ns()
     while claimed := await store.claim(BATCH, 300, ["TEST_NOOP"]):
@@ -106,7 +107,7 @@ async def _schema(url: str) -> tuple[int, int, int]:
         await store.commit([Write(a, report, finish) for a in claimed], 60.0)
         done += len(claimed)
     end = time.monotonic_ns()
-    await engine.dispose()
+    await store.close()
     return done, start, end
 
 

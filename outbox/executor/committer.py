@@ -30,6 +30,7 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from outbox import store_metrics
+from outbox.db import libpq_url
 from outbox.executor.claimed import AttemptReport, ClaimedAction, FinishWrite
 from outbox.executor.config import WRITE_WINDOW_SECONDS
 from outbox.store_executor import ExecutorStore, Write, WriteOutcome
@@ -61,7 +62,7 @@ class Committer:
         tally_merge_seconds: float = TALLY_MERGE_SECONDS,
     ) -> None:
         self._engine = engine
-        self._store = ExecutorStore(engine)
+        self._store = ExecutorStore(libpq_url(engine))
         self._queue: list[_Pending] = []
         self._arrived = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -102,6 +103,7 @@ class Committer:
                 if not pending.future.done():
                     pending.future.set_exception(ConnectionError("the database was unreachable until shutdown"))
             self._queue.clear()
+        await self._store.close()
 
     async def begin_write(self, action: ClaimedAction) -> str | None:
         """The fence: None when it committed, else the reason it refused."""
@@ -216,8 +218,8 @@ def connection_lost(error: DBAPIError) -> bool:
 
 
 def database_unavailable(error: BaseException) -> bool:
-    """A lost connection, or no pooled connection free in time (a slow database, or this process frozen
-    longer than the pool's timeout): try again later, as after a restart."""
+    """A lost connection (or one that could not be opened), or no pooled connection free in time (a slow
+    database, or this process frozen longer than the pool's timeout): try again later, as after a restart."""
     if isinstance(error, DBAPIError):
         return connection_lost(error)
-    return isinstance(error, PoolTimeout)
+    return isinstance(error, PoolTimeout | psycopg.OperationalError | psycopg.InterfaceError)

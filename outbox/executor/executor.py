@@ -38,7 +38,7 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from outbox import store
-from outbox.db import fault_text
+from outbox.db import fault_text, libpq_url
 from outbox.executor.adapter import ActionAdapter
 from outbox.executor.attempt import ActionAttempt, FenceRefused
 from outbox.executor.backoff import own_fault_delay, retry_delay
@@ -80,7 +80,7 @@ class Executor:
         listen: bool = True,
     ) -> None:
         self._engine = engine
-        self._store = ExecutorStore(engine)
+        self._store = ExecutorStore(libpq_url(engine))
         self._adapters: dict[str, ActionAdapter] = {}
         for adapter in adapters:
             if adapter.kind.name in self._adapters:
@@ -187,6 +187,7 @@ class Executor:
         await self._wait_inflight(None)
         await self._committer.close()
         await self._tried(self._store.leave(self.executor_id))
+        await self._store.close()
 
     async def _wait_inflight(self, seconds: float | None) -> None:
         if self._inflight:
@@ -219,15 +220,15 @@ class Executor:
         """`call`'s answer; None when the database was unavailable (the loop tries again)."""
         try:
             return await call
-        except (DBAPIError, PoolTimeout) as error:
+        except (DBAPIError, PoolTimeout, psycopg.Error) as error:
             if not database_unavailable(error):
                 raise
-            log.warning("database unavailable, trying again: %s", getattr(error, "orig", None) or error)
+            log.warning("database unavailable, trying again: %s", fault_text(error))
             return None
 
     async def _listen_for_enqueues(self) -> None:
         """Wake on NOTIFY from an enqueue's commit; on any failure, reconnect (polling covers the gap)."""
-        url = self._engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
+        url = libpq_url(self._engine)
         while True:
             try:
                 async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:

@@ -1,0 +1,155 @@
+"""agent_lane stays exact after every write, whoever makes it: enqueues, decisions, claims, fences, results
+of every kind, expiry, erasure and an operator's own SQL, in any order (Hypothesis).
+
+What a lane row must hold, recomputed from agent_action alone: for every lane with an action not ended,
+its head (the oldest PROPOSED or ADMITTED action), whether one of its actions is EXECUTING, and `ready_at`,
+the head's due time while the head is ADMITTED and nothing executes; no row for any other lane.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from sqlalchemy import Engine, text
+
+import outbox
+from outbox.db import libpq_url
+from outbox.executor.claimed import AttemptReport, FinishWrite
+from outbox.store_executor import ExecutorStore, Write
+from tests import kinds
+
+EXPECTED = text("""
+WITH lanes AS (
+    SELECT DISTINCT lane_key FROM agent_action WHERE state IN ('PROPOSED', 'ADMITTED', 'EXECUTING')
+)
+SELECT l.lane_key, h.id AS head_id,
+       EXISTS (SELECT 1 FROM agent_action e WHERE e.lane_key = l.lane_key AND e.state = 'EXECUTING') AS executing,
+       h.state AS head_state, h.due_at AS head_due_at
+  FROM lanes AS l
+  LEFT JOIN LATERAL (
+    SELECT id, state, due_at FROM agent_action p
+     WHERE p.lane_key = l.lane_key AND p.state IN ('PROPOSED', 'ADMITTED') ORDER BY id LIMIT 1
+  ) AS h ON true
+""")
+
+LANES = st.sampled_from(["a", "b", "c"])
+PICK = st.integers(min_value=0, max_value=20)
+OPERATION = st.one_of(
+    st.tuples(st.just("enqueue"), LANES, st.booleans(), st.sampled_from([None, 3600])),
+    st.tuples(st.just("admit"), PICK),
+    st.tuples(st.just("refuse"), PICK),
+    st.tuples(st.just("cancel"), PICK),
+    st.tuples(st.just("claim"), st.integers(min_value=1, max_value=3)),
+    st.tuples(st.just("fence"), PICK),
+    st.tuples(st.just("finish"), PICK, st.sampled_from(["DONE", "RETRY_NOW", "RETRY_LATER", "FAILED", "DEFER"])),
+    st.tuples(st.just("erase"), PICK),
+    st.tuples(st.just("expire"), PICK),
+    st.tuples(
+        st.just("make_due"),
+    ),
+)
+
+
+def lane_rows(engine: Engine) -> dict[str, tuple[Any, ...]]:
+    with engine.connect() as conn:
+        found = conn.execute(text("SELECT lane_key, head_id, executing, ready_at FROM agent_lane"))
+        return {r.lane_key: (r.head_id, r.executing, r.ready_at) for r in found}
+
+
+def expected_rows(engine: Engine) -> dict[str, tuple[Any, ...]]:
+    with engine.connect() as conn:
+        return {
+            r.lane_key: (
+                r.head_id,
+                r.executing,
+                r.head_due_at if r.head_state == "ADMITTED" and not r.executing else None,
+            )
+            for r in conn.execute(EXPECTED)
+        }
+
+
+def ids(engine: Engine, states: tuple[str, ...]) -> list[int]:
+    with engine.connect() as conn:
+        found = conn.execute(
+            text("SELECT id FROM agent_action WHERE state = ANY (:s) ORDER BY id"), {"s": list(states)}
+        )
+        return list(found.scalars())
+
+
+async def play(engine: Engine, operations: list[tuple[Any, ...]]) -> None:
+    store = ExecutorStore(libpq_url(engine))
+    claimed: dict[int, Any] = {}
+    try:
+        for number, operation in enumerate(operations):
+            await apply(engine, store, claimed, number, operation)
+            assert lane_rows(engine) == expected_rows(engine), (number, operation)
+    finally:
+        await store.close()
+
+
+async def apply(
+    engine: Engine, store: ExecutorStore, claimed: dict[int, Any], number: int, op: tuple[Any, ...]
+) -> None:
+    def pick(states: tuple[str, ...], index: int) -> int | None:
+        found = ids(engine, states)
+        return found[index % len(found)] if found else None
+
+    match op:
+        case ("enqueue", lane, proposed, subject):
+            with engine.begin() as conn:
+                outbox.enqueue(
+                    conn,
+                    outbox.ActionRequest(
+                        kind=kinds.NOOP, workspace_id=1, lane_key=lane, idempotency_key=f"k{number}",
+                        payload={}, proposed=proposed, subject_account_id=subject,
+                    ),
+                )  # fmt: skip
+        case ("admit" | "refuse" | "cancel") as decision, index:
+            action_id = pick(("PROPOSED",) if decision != "cancel" else ("PROPOSED", "ADMITTED"), index)
+            if action_id is not None:
+                with engine.begin() as conn:
+                    getattr(outbox, decision)(conn, action_id)
+        case ("claim", limit):
+            for action in await store.claim(limit, 300, [kinds.NOOP.name]):
+                claimed[action.id] = action
+        case ("fence", index):
+            if claimed:
+                action = claimed[sorted(claimed)[index % len(claimed)]]
+                await store.commit([Write(action)], 60.0)
+        case ("finish", index, result):
+            if claimed:
+                action = claimed.pop(sorted(claimed)[index % len(claimed)])
+                write = {
+                    "DONE": FinishWrite("DONE", "CONFIRMED"),
+                    "RETRY_NOW": FinishWrite("ADMITTED", delay_seconds=0.0, fence="clear"),
+                    "RETRY_LATER": FinishWrite("ADMITTED", delay_seconds=3600.0, fence="clear"),
+                    "FAILED": FinishWrite("FAILED", "PROVIDER_REFUSED"),
+                    "DEFER": FinishWrite("ADMITTED", delay_seconds=0.0, uncount=1, fence="restore"),
+                }[result]
+                await store.commit([Write(action, AttemptReport(result, 0.01, None), write)], 60.0)
+        case ("erase", index):
+            action_id = pick(("PROPOSED", "ADMITTED", "EXECUTING", "DONE"), index)
+            if action_id is not None:
+                with engine.begin() as conn:  # an operator's own SQL, as an erasure by account would
+                    conn.execute(text("DELETE FROM agent_action WHERE id = :id"), {"id": action_id})
+                claimed.pop(action_id, None)
+        case ("expire", index):
+            action_id = pick(("PROPOSED", "ADMITTED"), index)
+            if action_id is not None:
+                with engine.begin() as conn:
+                    conn.execute(text("UPDATE agent_action SET expires_at = now() WHERE id = :id"), {"id": action_id})
+                await store.sweep("lane-test", 0, 300, [kinds.NOOP.name], [])
+        case ("make_due",):
+            with engine.begin() as conn:  # an operator's own SQL: every waiting action due now
+                conn.execute(text("UPDATE agent_action SET due_at = now() WHERE state = 'ADMITTED' AND due_at > now()"))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(operations=st.lists(OPERATION, min_size=1, max_size=25))
+def test_agent_lane_is_exact_after_every_write(engine: Engine, operations: list[Any]) -> None:
+    with engine.begin() as conn:
+        conn.execute(text("DELETE FROM agent_action"))
+    asyncio.run(play(engine, operations))
