@@ -93,6 +93,7 @@ def schema(url: str) -> tuple[int, int, int]:
 async def _schema(url: str) -> tuple[int, int, int]:
     from sqlalchemy.engine import make_url
 
+    import bench.kinds  # noqa: F401  (registers the kinds the claimed rows name)
     from outbox.db import psycopg_url
     from outbox.executor.claimed import AttemptReport, FinishWrite
     from outbox.store_executor import ExecutorStore, Write
