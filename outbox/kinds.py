@@ -2,8 +2,9 @@
 
 A kind declares whether it is at most once (it cannot read back, so the database refuses to reclaim it
 after its write started) and where it may run: in a workspace, at instance level (no workspace), or both.
-The production migration lists `EMAIL`; `tests/test_kinds.py` checks that `ck_agent_action_kind`,
-`ck_agent_action_workspace` and `guard_agent_action` list exactly what this registry declares.
+The database holds the same declaration as a row of `agent_action_kind` (step 2 of "Add a kind"); the
+production migrations write `EMAIL`'s, and `tests/test_kinds.py` checks that the rows declare exactly what
+this registry declares.
 
 A kind may also name a payload check, `"module:function"`:
 
@@ -18,6 +19,7 @@ the module that holds the check may itself import outbox.
 from __future__ import annotations
 
 import importlib
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
@@ -26,6 +28,15 @@ from typing import Any, ClassVar
 from outbox.errors import InvalidRequest
 
 PayloadCheck = Callable[[Any], object]
+
+# A kind's name: upper case ASCII letters, digits and underscores, at least one letter. The table
+# agent_action_kind checks the same rule (ck_agent_action_kind_name).
+_NAME = re.compile(r"[A-Z0-9_]*[A-Z][A-Z0-9_]*")
+
+
+def is_kind_name(name: str) -> bool:
+    """Whether `name` may name a kind: upper case letters A to Z, digits and underscores, at least one letter."""
+    return _NAME.fullmatch(name) is not None
 
 
 @dataclass(frozen=True)
@@ -66,8 +77,10 @@ class ActionKind:
         payload_check: str | None = None,
     ) -> ActionKind:
         """Add a kind (step 1 of "Add a kind"). Registering the same declaration again is harmless."""
-        if not name or not name.isupper() or not name.replace("_", "").isalnum():
-            raise ValueError(f"kind name {name!r} must be upper case letters, digits and underscores")
+        if not is_kind_name(name):
+            raise ValueError(
+                f"kind name {name!r} must be upper case letters (A to Z), digits and underscores, with a letter"
+            )
         if not (instance_level or workspace_level):
             raise ValueError(f"kind {name} must allow instance level, workspace level or both")
         if payload_check is not None and not _is_check_path(payload_check):

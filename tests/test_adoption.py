@@ -169,7 +169,7 @@ def test_upgrade_sql_prints_the_ddl_a_dba_applies(empty_database_url: str, tmp_p
         conn.execute(printed.stdout.encode())
     assert outbox_command("db", "check", database_url=empty_database_url).returncode == 0
     later = outbox_command("db", "upgrade", "--sql", "0002:head")
-    assert "CREATE INDEX ix_agent_action_created" in later.stdout and "CREATE TABLE agent_action" not in later.stdout
+    assert "CREATE INDEX ix_agent_action_created" in later.stdout and "CREATE TABLE agent_action (" not in later.stdout
 
 
 def test_check_and_current_tell_a_deploy_pipeline_where_the_schema_stands(empty_database_url: str) -> None:

@@ -1,10 +1,22 @@
-"""`outbox db upgrade` builds the whole store; `outbox db downgrade` removes every object it created."""
+"""`outbox db upgrade` builds the whole store; `outbox db downgrade` removes every object it created. Revision
+0007 turns the kinds into rows and keeps every kind a database declared; its downgrade gives the lists back."""
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterable, Iterator
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from sqlalchemy import Connection, create_engine, text
+from sqlalchemy.exc import DBAPIError
 
 from outbox import migrate
+from outbox.kinds import ActionKind
+from outbox.testing import DeclaredKinds, declared_kinds
+
+_HEALTH = [HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
 
 
 def objects(conn: Connection) -> set[str]:
@@ -29,6 +41,7 @@ def test_upgrade_creates_the_store_and_downgrade_removes_all_of_it(empty_databas
     assert {
         "table agent_action",
         "table agent_lane",
+        "table agent_action_kind",
         "table ux_agent_action_lane_executing",
         "table ux_agent_action_idempotency_key",
         "table ix_agent_lane_ready",
@@ -45,4 +58,172 @@ def test_upgrade_creates_the_store_and_downgrade_removes_all_of_it(empty_databas
     with engine.begin() as conn:  # and up again: the downgrade left nothing in the way
         migrate.upgrade(conn)
         assert objects(conn) - before == created
+    engine.dispose()
+
+
+# -- 0007: the kinds become rows of agent_action_kind
+
+KIND_CONSTRAINTS = text("""
+SELECT conname, pg_get_constraintdef(oid) FROM pg_constraint
+ WHERE conrelid = 'agent_action'::regclass AND conname IN ('ck_agent_action_kind', 'ck_agent_action_workspace')
+ ORDER BY conname
+""")
+GUARD = text("SELECT pg_get_functiondef('guard_agent_action()'::regprocedure)")
+GUARD_LIST = re.compile(r"at_most_once_kinds CONSTANT text\[\] := ARRAY\[(.*?)\]")
+
+
+def _array(names: Iterable[str]) -> str:
+    return "ARRAY[" + ", ".join(f"'{name}'" for name in sorted(names)) + "]::text[]"
+
+
+def install_kinds_at_0006(conn: Connection, kinds: Iterable[ActionKind]) -> None:
+    """Step 2 of "Add a kind" as it was at revision 0006: the two constraints and the guard's list rewritten."""
+    chosen = tuple(kinds)
+    conn.execute(
+        text(
+            "ALTER TABLE agent_action DROP CONSTRAINT ck_agent_action_kind,"
+            " DROP CONSTRAINT ck_agent_action_workspace,"
+            f" ADD CONSTRAINT ck_agent_action_kind CHECK (kind = ANY ({_array(k.name for k in chosen)})),"
+            " ADD CONSTRAINT ck_agent_action_workspace CHECK ("
+            f"(workspace_id IS NOT NULL OR kind = ANY ({_array(k.name for k in chosen if k.instance_level)}))"
+            f" AND (workspace_id IS NULL OR kind = ANY ({_array(k.name for k in chosen if k.workspace_level)})))"
+        )
+    )
+    guard = conn.execute(GUARD).scalar_one()
+    once = _array(k.name for k in chosen if k.at_most_once)
+    rewritten, count = GUARD_LIST.subn(f"at_most_once_kinds CONSTANT text[] := {once}", guard)
+    assert count == 1
+    conn.execute(text(rewritten.replace(":", r"\:")))
+
+
+def kinds_at_0006(conn: Connection) -> DeclaredKinds:
+    """What the constraints and the guard of revision 0006 declare, read the way 0006's tests read them."""
+    definitions: dict[str, str] = {name: definition for name, definition in conn.execute(KIND_CONSTRAINTS)}
+    lists = re.findall(r"ANY \((ARRAY\[.*?\]|'\{\}'::text\[\])", definitions["ck_agent_action_workspace"])
+    match = GUARD_LIST.search(conn.execute(GUARD).scalar_one())
+    assert match is not None and len(lists) == 2
+
+    def names(sql: str) -> frozenset[str]:
+        return frozenset(re.findall(r"'([A-Z0-9_]+)'", sql))
+
+    return DeclaredKinds(
+        kinds=names(definitions["ck_agent_action_kind"]),
+        instance_level=names(lists[0]),
+        workspace_level=names(lists[1]),
+        at_most_once=names(match.group(1)),
+    )
+
+
+def declared(kinds: Iterable[ActionKind]) -> DeclaredKinds:
+    chosen = tuple(kinds)
+    return DeclaredKinds(
+        kinds=frozenset(k.name for k in chosen),
+        instance_level=frozenset(k.name for k in chosen if k.instance_level),
+        workspace_level=frozenset(k.name for k in chosen if k.workspace_level),
+        at_most_once=frozenset(k.name for k in chosen if k.at_most_once),
+    )
+
+
+def add_action(conn: Connection, kind: ActionKind, key: str) -> int:
+    """An action of `kind` that has claimed and started its write: the reclaim is what at_most_once decides."""
+    action_id: int = conn.execute(
+        text(
+            "INSERT INTO agent_action (kind, workspace_id, lane_key, idempotency_key, max_attempts, state)"
+            " VALUES (:kind, :workspace, :key, :key, 5, 'ADMITTED') RETURNING id"
+        ),
+        {"kind": kind.name, "workspace": None if kind.instance_level else 1, "key": key},
+    ).scalar_one()
+    conn.execute(
+        text(
+            "UPDATE agent_action SET state = 'EXECUTING', epoch = 1, attempt = 1,"
+            " lease_expires_at = now() + interval '1 min' WHERE id = :id"
+        ),
+        {"id": action_id},
+    )
+    conn.execute(text("UPDATE agent_action SET write_started_at = now() WHERE id = :id"), {"id": action_id})
+    return action_id
+
+
+def reclaims(conn: Connection, action_id: int) -> bool:
+    """Whether the guard lets the action be claimed again (undone either way)."""
+    try:
+        with conn.begin_nested():
+            conn.execute(
+                text(
+                    "UPDATE agent_action SET epoch = epoch + 1, attempt = attempt + 1,"
+                    " lease_expires_at = now() + interval '1 min' WHERE id = :id"
+                ),
+                {"id": action_id},
+            )
+            raise _Undo
+    except _Undo:
+        return True
+    except DBAPIError as refused:
+        assert "at most once and its write started" in str(refused.orig)
+        return False
+
+
+class _Undo(Exception):
+    pass
+
+
+LEVELS = st.sampled_from([(True, False), (False, True), (True, True)])
+OLD_KINDS = st.dictionaries(
+    st.from_regex(r"[A-Z][A-Z0-9_]{0,15}", fullmatch=True).filter(lambda name: name != "EMAIL"),
+    st.tuples(st.booleans(), LEVELS),
+    max_size=5,
+).map(
+    lambda found: tuple(
+        ActionKind(name, at_most_once=once, instance_level=alone, workspace_level=in_workspace)
+        for name, (once, (alone, in_workspace)) in sorted(found.items())
+    )
+)
+
+
+@pytest.fixture
+def empty_conn(empty_database_url: str) -> Iterator[Connection]:
+    engine = create_engine(empty_database_url)
+    with engine.connect() as conn:
+        yield conn
+    engine.dispose()
+
+
+@settings(max_examples=25, deadline=None, derandomize=True, database=None, suppress_health_check=_HEALTH)
+@given(extra=OLD_KINDS)
+def test_an_upgrade_from_0006_keeps_every_kind_the_database_declared(
+    empty_conn: Connection, extra: tuple[ActionKind, ...]
+) -> None:
+    """Kinds installed the old way at 0006, each with an action whose write started, become rows with their
+    flags; the actions stay, keep their reclaim rule, and a downgrade gives the old lists back."""
+    conn = empty_conn
+    everything = (ActionKind.EMAIL, *extra)
+    transaction = conn.begin()  # each example migrates inside one transaction, rolled back at its end
+    try:
+        migrate.upgrade(conn, "0006")
+        install_kinds_at_0006(conn, everything)
+        actions = {kind: add_action(conn, kind, f"k-{kind.name}") for kind in everything}
+        migrate.upgrade(conn)
+        assert declared_kinds(conn) == declared(everything)
+        for kind, action_id in actions.items():
+            assert reclaims(conn, action_id) is not kind.at_most_once, kind
+        migrate.downgrade(conn, "0006", force=True)
+        assert kinds_at_0006(conn) == declared(everything)
+        for kind, action_id in actions.items():
+            assert reclaims(conn, action_id) is not kind.at_most_once, kind
+    finally:
+        transaction.rollback()
+
+
+def test_a_downgrade_to_0006_restores_its_constraints_and_guard_exactly(empty_database_url: str) -> None:
+    """0007 builds its guard and 0001's from one text: the downgrade giving 0001's back, character for
+    character, shows that the new guard changed nothing but its kind parts."""
+    engine = create_engine(empty_database_url)
+    with engine.begin() as conn:
+        migrate.upgrade(conn, "0006")
+        before = (conn.execute(KIND_CONSTRAINTS).all(), conn.execute(GUARD).scalar_one())
+        migrate.upgrade(conn)
+        assert conn.execute(KIND_CONSTRAINTS).all() == []
+        migrate.downgrade(conn, "0006")
+        assert (conn.execute(KIND_CONSTRAINTS).all(), conn.execute(GUARD).scalar_one()) == before
+        assert conn.execute(text("SELECT to_regclass('agent_action_kind')")).scalar_one() is None
     engine.dispose()

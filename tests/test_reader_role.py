@@ -46,6 +46,7 @@ OUTBOX_TABLES = (
     "agent_action_latency_tally",
     "agent_executor",
     "agent_maintenance",
+    "agent_action_kind",
 )
 # the exporter's own series, which differ between two exporters by design
 OWN_SERIES = ("outbox_exporter_scrape_duration_seconds", "outbox_exporter_snapshots_total")
