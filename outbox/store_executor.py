@@ -19,6 +19,7 @@ reported as held and tried again in the next batch.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -138,17 +139,17 @@ RETURNING a.id, a.kind
 # by another transaction: try again); gone (erased); stale (another claim took it; with the row's epoch and
 # state); short (a fence with less than the window left); none (nothing to write). The tallies count every
 # result decided here (not the held ones), recorded or not.
-# The writes as rows, one per write; read as a CTE where a hash join serves, and again in each UPDATE, where
-# a function scan lets the planner probe agent_action by primary key for each write.
-_WRITES = """unnest(
-        CAST(:ids AS bigint[]), CAST(:epochs AS bigint[]), CAST(:ops AS text[]), CAST(:states AS text[]),
-        CAST(:stop_reasons AS text[]), CAST(:readback_refs AS text[]), CAST(:delays AS float8[]),
-        CAST(:uncounts AS int[]), CAST(:fences AS text[]), CAST(:prior_writes AS timestamptz[]),
-        CAST(:last_errors AS text[]), CAST(:kinds AS text[]), CAST(:results AS text[]),
-        CAST(:attempt_seconds AS float8[]), CAST(:attempt_les AS float8[]), CAST(:pickup_seconds AS float8[]),
-        CAST(:pickup_les AS float8[])
-    ) AS {alias} (id, epoch, op, state, stop_reason, readback_ref, delay, uncount, fence, prior_write, last_error,
-            kind, result, attempt_seconds, attempt_le, pickup_seconds, pickup_le)"""
+# The writes as rows, from one JSON array of arrays (`:writes`, see `_write_row`): one parameter that Python
+# encodes in C, however many writes. Read as a CTE where a hash join serves, and again in the result's UPDATE,
+# where a function scan lets the planner probe agent_action by primary key for each write.
+_WRITES = """(
+    SELECT (e->>0)::bigint AS id, (e->>1)::bigint AS epoch, e->>2 AS op, e->>3 AS state, e->>4 AS stop_reason,
+           e->>5 AS readback_ref, (e->>6)::float8 AS delay, (e->>7)::int AS uncount, e->>8 AS fence,
+           (e->>9)::timestamptz AS prior_write, e->>10 AS last_error, e->>11 AS kind, e->>12 AS result,
+           (e->>13)::float8 AS attempt_seconds, (e->>14)::float8 AS attempt_le, (e->>15)::float8 AS pickup_seconds,
+           (e->>16)::float8 AS pickup_le
+      FROM jsonb_array_elements(CAST(:writes AS jsonb)) AS e
+    ) AS {alias}"""
 
 COMMIT_WRITES = text(f"""
 WITH w AS MATERIALIZED (
@@ -319,46 +320,47 @@ class ExecutorStore:
 
     async def commit(self, writes: Sequence[Write], window_seconds: float) -> list[WriteOutcome]:
         """The group commit of `writes` (one per action); one outcome per write, in order."""
-        params: dict[str, list[Any]] = {name: [] for name in _WRITE_PARAMS}
-        for write in writes:
-            _add_write(params, write)
-        rows = await self._rows(COMMIT_WRITES, {**params, "window_seconds": window_seconds})
+        encoded = json.dumps([_write_row(write) for write in writes])
+        rows = await self._rows(COMMIT_WRITES, {"writes": encoded, "window_seconds": window_seconds})
         found = {row.id: WriteOutcome(row.outcome, row.found_epoch, row.found_state) for row in rows}
         return [found[write.action.id] for write in writes]
 
 
-_WRITE_PARAMS = (
-    "ids", "epochs", "ops", "states", "stop_reasons", "readback_refs", "delays", "uncounts", "fences",
-    "prior_writes", "last_errors", "kinds", "results", "attempt_seconds", "attempt_les", "pickup_seconds",
-    "pickup_les",
-)  # fmt: skip
-
-
-def _add_write(params: dict[str, list[Any]], write: Write) -> None:
+def _write_row(write: Write) -> list[Any]:
+    """One write as a row of `_WRITES`, in its column order (JSON has no infinity: the last bucket is text)."""
     action, report, finish = write.action, write.report, write.finish
-    op = "fence" if report is None else "none" if finish is None else "finish"
-    pickup = report.pickup_seconds if report is not None else None
-    values = (
-        action.id,
-        action.epoch,
-        op,
-        finish.state if finish else None,
-        finish.stop_reason if finish else None,
-        finish.readback_ref if finish else None,
-        finish.delay_seconds if finish else None,
-        finish.uncount if finish else None,
-        finish.fence if finish else None,
-        action.prior_write_started_at,
-        finish.last_error if finish else None,
-        action.kind.name,
-        report.result if report else None,
-        report.attempt_seconds if report else None,
-        bucket(report.attempt_seconds) if report else None,
-        pickup,
-        bucket(pickup) if pickup is not None else None,
-    )
-    for name, value in zip(_WRITE_PARAMS, values, strict=True):
-        params[name].append(value)
+    prior = action.prior_write_started_at
+    row: list[Any] = [action.id, action.epoch, "fence" if report is None else "none" if finish is None else "finish"]
+    if finish is None:
+        row += [None, None, None, None, None, None, prior.isoformat() if prior else None, None]
+    else:
+        row += [
+            finish.state,
+            finish.stop_reason,
+            finish.readback_ref,
+            finish.delay_seconds,
+            finish.uncount,
+            finish.fence,
+            prior.isoformat() if prior else None,
+            finish.last_error,
+        ]
+    row.append(action.kind.name)
+    if report is None:
+        row += [None, None, None, None, None]
+    else:
+        pickup = report.pickup_seconds
+        row += [
+            report.result,
+            report.attempt_seconds,
+            _json_bound(bucket(report.attempt_seconds)),
+            pickup,
+            _json_bound(bucket(pickup)) if pickup is not None else None,
+        ]
+    return row
+
+
+def _json_bound(le: float) -> float | str:
+    return le if le != math.inf else "Infinity"
 
 
 def claimed_action(row: Any, *, fresh: bool) -> ClaimedAction:
