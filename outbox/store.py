@@ -7,6 +7,7 @@ take their rows with SKIP LOCKED, so they never wait on a caller's open transact
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -37,12 +38,10 @@ DATABASE_NOW = text("SELECT clock_timestamp() AS now")
 # If any expires_at has passed on the database clock, nothing is inserted and the first such one returns.
 INSERT_ACTIONS = text(f"""
 WITH input AS MATERIALIZED (
-    SELECT * FROM unnest(
-        CAST(:kinds AS text[]), CAST(:workspace_ids AS bigint[]), CAST(:lane_keys AS text[]),
-        CAST(:idempotency_keys AS text[]), CAST(:payloads AS text[]), CAST(:subject_account_ids AS bigint[]),
-        CAST(:max_attempts AS int[]), CAST(:expires_ats AS timestamptz[]), CAST(:states AS text[])
-    ) WITH ORDINALITY AS i (kind, workspace_id, lane_key, idempotency_key, payload, subject_account_id,
-                            max_attempts, expires_at, state, position)
+    SELECT r->>0 AS kind, (r->>1)::bigint AS workspace_id, r->>2 AS lane_key, r->>3 AS idempotency_key,
+           r->>4 AS payload, (r->>5)::bigint AS subject_account_id, (r->>6)::int AS max_attempts,
+           (r->>7)::timestamptz AS expires_at, r->>8 AS state, position
+      FROM jsonb_array_elements(CAST(:requests AS jsonb)) WITH ORDINALITY AS i (r, position)
 ), expired AS MATERIALIZED (
     SELECT position, clock_timestamp() AS database_now FROM input
      WHERE expires_at <= clock_timestamp() ORDER BY position LIMIT 1
@@ -58,7 +57,7 @@ WITH input AS MATERIALIZED (
 SELECT NULL::bigint AS expired_position, NULL::timestamptz AS database_now, {ACTION_COLUMNS} FROM inserted
 UNION ALL
 SELECT NULL, NULL, {ACTION_COLUMNS} FROM agent_action
- WHERE idempotency_key = ANY (CAST(:idempotency_keys AS text[])) AND NOT EXISTS (SELECT FROM expired)
+ WHERE idempotency_key = ANY (ARRAY(SELECT idempotency_key FROM input)) AND NOT EXISTS (SELECT FROM expired)
 UNION ALL
 SELECT position, database_now, {", ".join("NULL" for _ in ACTION_COLUMNS.split(","))} FROM expired
 """)
@@ -88,17 +87,22 @@ class Inserted:
 
 def insert_actions(requests: Sequence[ValidRequest]) -> Query[Inserted]:
     """The actions of `requests`, in their order, in one statement (see INSERT_ACTIONS)."""
-    params = {
-        "kinds": [r.kind.name for r in requests],
-        "workspace_ids": [r.workspace_id for r in requests],
-        "lane_keys": [r.lane_key for r in requests],
-        "idempotency_keys": [r.idempotency_key for r in requests],
-        "payloads": [r.payload_json for r in requests],
-        "subject_account_ids": [r.subject_account_id for r in requests],
-        "max_attempts": [r.max_attempts for r in requests],
-        "expires_ats": [r.expires_at for r in requests],
-        "states": [r.state for r in requests],
-    }
+    rows = [
+        [
+            r.kind.name,
+            r.workspace_id,
+            r.lane_key,
+            r.idempotency_key,
+            r.payload_json,
+            r.subject_account_id,
+            r.max_attempts,
+            r.expires_at.isoformat() if r.expires_at is not None else None,
+            r.state,
+        ]
+        for r in requests
+    ]
+    # one JSON parameter, however many requests: Python encodes it in C
+    params = {"requests": json.dumps(rows)}
     return Query(INSERT_ACTIONS, params, _inserted)
 
 

@@ -129,7 +129,8 @@ async def apply(
                     "FAILED": FinishWrite("FAILED", "PROVIDER_REFUSED"),
                     "DEFER": FinishWrite("ADMITTED", delay_seconds=0.0, uncount=1, fence="restore"),
                 }[result]
-                await store.commit([Write(action, AttemptReport(result, 0.01, None), write)], 60.0)
+                report = AttemptReport(result.split("_")[0], 0.01, None)  # RETRY_NOW and RETRY_LATER are a RETRY
+                await store.commit([Write(action, report, write)], 60.0)
         case ("erase", index):
             action_id = pick(("PROPOSED", "ADMITTED", "EXECUTING", "DONE"), index)
             if action_id is not None:
