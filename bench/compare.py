@@ -582,7 +582,12 @@ def report(
 
     rows.append(("burn-down, 2 workers (jobs/s)", {n: med(n, lambda r: r.rate) for n in names}, True, 0))
     rows.append(
-        ("burn-down, outbox with its defaults (64 / 50)", {"outbox": med(DEFAULTS.name, lambda r: r.rate)}, True, 0)
+        (
+            "burn-down, outbox with its defaults (64, claims of the free slots)",
+            {"outbox": med(DEFAULTS.name, lambda r: r.rate)},
+            True,
+            0,
+        )
     )
     rows.append(
         (
