@@ -10,17 +10,17 @@ outbox never commits: the actions go exactly when the caller's erasure commits.
 from __future__ import annotations
 
 from outbox import store
-from outbox.caller import AsyncConn, SyncConnection, fetch, fetch_async
+from outbox.caller import AsyncConn, SyncConnection, run, run_async
 from outbox.requests import check_id
 
 
 def erase_account(conn: SyncConnection, account_id: int) -> int:
     """Delete the account's actions in every state, in the caller's transaction; return how many."""
     check_id("account_id", account_id)
-    return int(fetch(conn, store.ERASE_ACCOUNT, {"account_id": account_id})[0]["erased"])
+    return run(conn, store.erase_account(account_id))
 
 
 async def erase_account_async(conn: AsyncConn, account_id: int) -> int:
     """`erase_account` for an `AsyncConnection`, an `AsyncSession` or a psycopg `AsyncConnection`."""
     check_id("account_id", account_id)
-    return int((await fetch_async(conn, store.ERASE_ACCOUNT, {"account_id": account_id}))[0]["erased"])
+    return await run_async(conn, store.erase_account(account_id))

@@ -24,7 +24,7 @@ from sqlalchemy import TextClause
 
 from outbox import store
 from outbox.action import Action
-from outbox.caller import AsyncConn, SyncConnection, fetch, run, run_async
+from outbox.caller import AsyncConn, SyncConnection, run, run_async
 from outbox.errors import ActionNotFound, InvalidRequest, TransitionRefused
 from outbox.requests import ActionRequest, ValidRequest, validate
 
@@ -105,13 +105,13 @@ async def enqueue_async(conn: AsyncConn, request: ActionRequest) -> Action:
 
 
 def _decide(conn: SyncConnection, statement: TextClause, action_id: int, wanted: str) -> Action:
-    rows = fetch(conn, statement, {"id": action_id})
-    if rows:
-        return Action.from_row(rows[0])
-    current = fetch(conn, store.SELECT_ACTION, {"id": action_id})
-    if not current:
+    decided = run(conn, store.decision(statement, action_id))
+    if decided is not None:
+        return decided
+    current = run(conn, store.action(action_id))
+    if current is None:
         raise ActionNotFound(action_id)
-    raise TransitionRefused(action_id, current[0]["state"], wanted)
+    raise TransitionRefused(action_id, current.state, wanted)
 
 
 def admit(conn: SyncConnection, action_id: int) -> Action:

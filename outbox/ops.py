@@ -72,7 +72,7 @@ def status(conn: Connection) -> Status:
         lanes_ready=lanes.ready,
         lanes_executing=lanes.executing,
         executing=sum(c.actions for c in unended if c.state is ActionState.EXECUTING),
-        expired_leases=conn.execute(store.COUNT_EXPIRED_LEASES).scalar_one(),
+        expired_leases=conn.execute(store_ops.COUNT_EXPIRED_LEASES).scalar_one(),
         uncertain_window_seconds=window,
         uncertain=uncertain,
     )

@@ -1,8 +1,14 @@
-"""Every statement that writes `agent_action` and `agent_lane`, or that the executor runs, named for what it does.
+"""The application's statements on the action store, and the typed queries that run them.
 
-Callers bind parameters by name; nothing else in outbox writes SQL against these tables (the schema lives
-in `migrations/`, the operators' read-only views in `store_ops`). The executor's and the purge's statements
-take their rows with SKIP LOCKED, so they never wait on a caller's open transaction: they try again later.
+    outbox.intake, outbox.erasure ──store.insert_actions / decision / action / erase_account──▶ Query
+    outbox.caller.run(conn, query) ──the statement on the caller's connection──▶ query.read(rows) ──▶ Action...
+
+A `Query` holds one statement, its parameters and what its rows become, so a statement can be changed,
+measured and batched here, and run on whichever connection the caller holds. Beside these: the retention
+purge and the kinds' rows. The executor's statements live in `outbox.store_executor`, the metrics' in
+`outbox.store_metrics`, the operators' read-only ones in `outbox.store_ops`; the schema in `migrations/`.
+The executor's and the purge's statements take their rows with SKIP LOCKED, so they never wait on a
+caller's open transaction: they try again later.
 """
 
 from __future__ import annotations
@@ -138,6 +144,21 @@ def _literal(value: str | None) -> str:
     return "NULL" if value is None else "'" + value.replace("'", "''") + "'"
 
 
+def first_action(rows: list[dict[str, Any]]) -> Action | None:
+    return Action.from_row(rows[0]) if rows else None
+
+
+def decision(statement: TextClause, action_id: int) -> Query[Action | None]:
+    """One of the decisions below on one action: the action as it became, or None when it was not in a
+    state the decision applies to (or does not exist)."""
+    return Query(statement, {"id": action_id}, first_action)
+
+
+def action(action_id: int) -> Query[Action | None]:
+    """The action with this id, or None."""
+    return Query(SELECT_ACTION, {"id": action_id}, first_action)
+
+
 ADMIT_PROPOSAL = decide_pending("ADMITTED", None, ("PROPOSED",))
 REFUSE_PROPOSAL = decide_pending("CANCELLED", "PROPOSAL_REFUSED", ("PROPOSED",))
 CANCEL_UNSTARTED = decide_pending("CANCELLED", "OPERATOR_CANCELLED", ("PROPOSED", "ADMITTED"))
@@ -148,15 +169,6 @@ NOTE_TRACE = text("""
 UPDATE agent_action SET trace = CAST(:trace AS jsonb)
  WHERE id = :id AND epoch = :epoch AND state = 'EXECUTING'
 """)
-
-# ---- tests and operators ----------------------------------------------------------------------------
-
-MAKE_WAITING_DUE = text("UPDATE agent_action SET due_at = now() WHERE state = 'ADMITTED' AND due_at > now()")
-COUNT_DUE = text("""
-SELECT count(*) FROM agent_lane WHERE ready_at <= now()
-""")
-COUNT_EXPIRED_LEASES = text("SELECT count(*) FROM agent_action WHERE state = 'EXECUTING' AND lease_expires_at <= now()")
-
 
 # ---- retention and erasure ---------------------------------------------------------------------------
 
@@ -184,4 +196,24 @@ COUNT_PURGEABLE = text("SELECT count(*) FROM agent_action WHERE ended_at IS NOT 
 ERASE_ACCOUNT = text("""
 WITH gone AS (DELETE FROM agent_action WHERE subject_account_id = :account_id RETURNING 1)
 SELECT count(*) AS erased FROM gone
+""")
+
+
+def erase_account(account_id: int) -> Query[int]:
+    """Delete every action of the account; how many there were."""
+    return Query(ERASE_ACCOUNT, {"account_id": account_id}, lambda rows: int(rows[0]["erased"]))
+
+
+# ---- kinds -----------------------------------------------------------------------------------------
+
+SELECT_KINDS = text("SELECT name, at_most_once, instance_level, workspace_level FROM agent_action_kind")
+# a row that already says the same is left alone, so a repeated install writes nothing
+UPSERT_KIND = text("""
+INSERT INTO agent_action_kind AS k (name, at_most_once, instance_level, workspace_level)
+VALUES (:name, :at_most_once, :instance_level, :workspace_level)
+ON CONFLICT (name) DO UPDATE
+   SET at_most_once = excluded.at_most_once, instance_level = excluded.instance_level,
+       workspace_level = excluded.workspace_level
+ WHERE (k.at_most_once, k.instance_level, k.workspace_level)
+       IS DISTINCT FROM (excluded.at_most_once, excluded.instance_level, excluded.workspace_level)
 """)

@@ -101,3 +101,7 @@ SELECT {ACTION_COLUMNS} FROM agent_action
  ORDER BY created_at DESC, id DESC
  LIMIT :limit
 """)
+
+
+# leases that ran out and that no executor has taken back yet
+COUNT_EXPIRED_LEASES = text("SELECT count(*) FROM agent_action WHERE state = 'EXECUTING' AND lease_expires_at <= now()")

@@ -24,17 +24,8 @@ if TYPE_CHECKING:  # the executor loads with `drain`, not with `declared_kinds` 
     from outbox.executor import ActionAdapter, ExecutorConfig
     from outbox.executor.outcomes import Outcomes
 
-_SELECT_KINDS = text("SELECT name, at_most_once, instance_level, workspace_level FROM agent_action_kind")
-# a row that already says the same is left alone, so a repeated install writes nothing
-_UPSERT_KIND = text("""
-INSERT INTO agent_action_kind AS k (name, at_most_once, instance_level, workspace_level)
-VALUES (:name, :at_most_once, :instance_level, :workspace_level)
-ON CONFLICT (name) DO UPDATE
-   SET at_most_once = excluded.at_most_once, instance_level = excluded.instance_level,
-       workspace_level = excluded.workspace_level
- WHERE (k.at_most_once, k.instance_level, k.workspace_level)
-       IS DISTINCT FROM (excluded.at_most_once, excluded.instance_level, excluded.workspace_level)
-""")
+# every waiting action due now: a drain cuts retries' backoff and deferrals short
+MAKE_WAITING_DUE = text("UPDATE agent_action SET due_at = now() WHERE state = 'ADMITTED' AND due_at > now()")
 
 
 @dataclass(frozen=True)
@@ -49,7 +40,7 @@ class DeclaredKinds:
 
 def declared_kinds(conn: Connection) -> DeclaredKinds:
     """The kinds as the rows of `agent_action_kind` declare them."""
-    rows = conn.execute(_SELECT_KINDS).all()
+    rows = conn.execute(store.SELECT_KINDS).all()
     return DeclaredKinds(
         kinds=frozenset(row.name for row in rows),
         instance_level=frozenset(row.name for row in rows if row.instance_level),
@@ -65,7 +56,7 @@ def install_kinds(conn: Connection, kinds: Iterable[ActionKind] | None = None) -
     if not chosen:
         return
     conn.execute(
-        _UPSERT_KIND,
+        store.UPSERT_KIND,
         [
             {
                 "name": k.name,
@@ -96,7 +87,7 @@ async def drain(
     executor = Executor(engine, adapters, config, listen=False)
     for _ in range(max_rounds):
         async with engine.begin() as conn:
-            made_due = (await conn.execute(store.MAKE_WAITING_DUE)).rowcount
+            made_due = (await conn.execute(MAKE_WAITING_DUE)).rowcount
         before = executor.outcomes.attempted
         await executor.run(until_idle=True)
         if made_due == 0 and executor.outcomes.attempted == before:
