@@ -9,8 +9,10 @@ the head's due time while the head is ADMITTED and nothing executes; no row for 
 from __future__ import annotations
 
 import asyncio
+import threading
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import Engine, text
@@ -20,6 +22,7 @@ from outbox.db import libpq_url
 from outbox.executor.claimed import AttemptReport, FinishWrite
 from outbox.store_executor import ExecutorStore, Write
 from tests import kinds
+from tests.support import sessions_waiting_on_a_lock, until
 
 EXPECTED = text("""
 WITH lanes AS (
@@ -154,3 +157,36 @@ def test_agent_lane_is_exact_after_every_write(engine: Engine, operations: list[
     with engine.begin() as conn:
         conn.execute(text("DELETE FROM agent_action"))
     asyncio.run(play(engine, operations))
+
+
+def enqueue_in(conn: Any, key: str, lane: str = "shared") -> outbox.Action:
+    request = outbox.ActionRequest(kind=kinds.NOOP, workspace_id=1, lane_key=lane, idempotency_key=key, payload={})
+    return outbox.enqueue(conn, request)
+
+
+@pytest.mark.parametrize("first_commits", [True, False])
+def test_two_transactions_opening_one_lane_leave_it_exact(engine: Engine, first_commits: bool) -> None:
+    """The first enqueue into an idle lane makes its row; a second transaction enqueuing into the same lane
+    waits for the first, then recomputes the row (first committed) or makes it itself (first rolled back)."""
+    errors: list[BaseException] = []
+    with engine.connect() as first:
+        enqueue_in(first, "first")
+
+        def second() -> None:
+            try:
+                with engine.begin() as conn:
+                    enqueue_in(conn, "second")
+            except BaseException as error:  # reported to the main thread below
+                errors.append(error)
+
+        thread = threading.Thread(target=second)
+        thread.start()
+        until(lambda: sessions_waiting_on_a_lock(engine) == 1, what="the second enqueue to wait for the lane")
+        if first_commits:
+            first.commit()
+        else:
+            first.rollback()
+        thread.join(10)
+    assert not errors and not thread.is_alive()
+    assert lane_rows(engine) == expected_rows(engine)
+    assert len(lane_rows(engine)) == 1
