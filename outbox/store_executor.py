@@ -292,26 +292,19 @@ class ExecutorStore:
     async def sweep(
         self, executor_id: str, free: int, lease_seconds: float, kinds: list[str], at_most_once: list[str]
     ) -> Sweep:
-        """Beat; end what expired before it started; take back up to `free` expired leases. One round trip."""
-        conn = await self._connection()
+        """Beat; end what expired before it started; take back up to `free` expired leases."""
+        await self._rows(store_metrics.BEAT, {"executor_id": executor_id})
+        expired = await self._rows(EXPIRE_UNSTARTED, {"limit": 500})
+        ended: list[tuple[int, str, str, str, str | None]] = [
+            (row.id, row.kind, "CANCELLED", "EXPIRED", None) for row in expired
+        ]
         params = {"limit": free, "lease_seconds": lease_seconds, "at_most_once": at_most_once, "kinds": kinds}
-        try:
-            async with conn.pipeline():
-                await conn.execute(psycopg_sql(store_metrics.BEAT), {"executor_id": executor_id})
-                expired = await conn.execute(psycopg_sql(EXPIRE_UNSTARTED), {"limit": 500})
-                taken = await conn.execute(psycopg_sql(TAKE_BACK_EXPIRED_LEASES), params) if free > 0 else None
-            ended: list[tuple[int, str, str, str, str | None]] = [
-                (row.id, row.kind, "CANCELLED", "EXPIRED", None) for row in await expired.fetchall()
-            ]
-            again: list[ClaimedAction] = []
-            for row in await taken.fetchall() if taken is not None else []:
-                if row.state == "EXECUTING":
-                    again.append(claimed_action(row, fresh=False))
-                else:
-                    ended.append((row.id, row.kind, row.state, row.stop_reason, row.notice))
-        except (psycopg.OperationalError, psycopg.InterfaceError):
-            await self.close()
-            raise
+        again: list[ClaimedAction] = []
+        for row in await self._rows(TAKE_BACK_EXPIRED_LEASES, params) if free > 0 else []:
+            if row.state == "EXECUTING":
+                again.append(claimed_action(row, fresh=False))
+            else:
+                ended.append((row.id, row.kind, row.state, row.stop_reason, row.notice))
         return Sweep(ended, again)
 
     async def leave(self, executor_id: str) -> None:
