@@ -30,7 +30,7 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from outbox import store_metrics
-from outbox.db import libpq_url
+from outbox.db import fault_text, libpq_url
 from outbox.executor.claimed import AttemptReport, ClaimedAction, FinishWrite
 from outbox.executor.config import WRITE_WINDOW_SECONDS
 from outbox.store_executor import ExecutorStore, Write, WriteOutcome
@@ -166,7 +166,7 @@ class Committer:
                         if not pending.future.done():
                             pending.future.set_exception(error)
                     continue
-                log.warning("group commit could not reach the database, trying again: %s", error)
+                log.warning("group commit could not reach the database, trying again: %s", fault_text(error))
                 held = batch
                 await asyncio.sleep(0.2)
             if held:
