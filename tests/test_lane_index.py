@@ -13,7 +13,7 @@ import threading
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import Engine, text
 
@@ -151,8 +151,27 @@ async def apply(
                 conn.execute(text("UPDATE agent_action SET due_at = now() WHERE state = 'ADMITTED' AND due_at > now()"))
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+# a lane of three, claimed and ended one after another: each claim moves the head, each end keeps it
+LANE_OF_THREE = [("enqueue", "a", False, None)] * 3 + [("claim", 1), ("fence", 0), ("finish", 0, "DONE")] * 3
+# a proposed head that holds its lane until admitted, then a retry that comes back due
+HELD_THEN_RETRIED = [
+    ("enqueue", "b", True, None),
+    ("enqueue", "b", False, None),
+    ("claim", 3),
+    ("admit", 0),
+    ("claim", 3),
+    ("finish", 0, "RETRY_NOW"),
+    ("claim", 3),
+    ("finish", 0, "FAILED"),
+    ("claim", 3),
+    ("finish", 0, "DONE"),
+]
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(operations=st.lists(OPERATION, min_size=1, max_size=25))
+@example(operations=LANE_OF_THREE)
+@example(operations=HELD_THEN_RETRIED)
 def test_agent_lane_is_exact_after_every_write(engine: Engine, operations: list[Any]) -> None:
     with engine.begin() as conn:
         conn.execute(text("DELETE FROM agent_action"))
