@@ -91,14 +91,11 @@ def schema(url: str) -> tuple[int, int, int]:
 
 
 async def _schema(url: str) -> tuple[int, int, int]:
-    from sqlalchemy.engine import make_url
-
     import bench.kinds  # noqa: F401  (registers the kinds the claimed rows name)
-    from outbox.db import psycopg_url
     from outbox.executor.claimed import AttemptReport, FinishWrite
     from outbox.store_executor import ExecutorStore, Write
 
-    store = ExecutorStore(make_url(psycopg_url(url)).set(drivername="postgresql").render_as_string(hide_password=False))
+    store = ExecutorStore(url)  # the libpq URL the loops take
     done = 0
     start = time.monotonic_ns()
     while claimed := await store.claim(BATCH, 300, ["TEST_NOOP"]):

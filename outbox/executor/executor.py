@@ -217,10 +217,11 @@ class Executor:
 
     @staticmethod
     async def _tried(call: Awaitable[_T]) -> _T | None:
-        """`call`'s answer; None when the database was unavailable (the loop tries again)."""
+        """`call`'s answer (an ExecutorStore call, psycopg's errors); None when the database was unavailable
+        (the loop tries again)."""
         try:
             return await call
-        except (DBAPIError, PoolTimeout, psycopg.Error) as error:
+        except psycopg.Error as error:
             if not database_unavailable(error):
                 raise
             log.warning("database unavailable, trying again: %s", fault_text(error))
