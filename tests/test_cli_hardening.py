@@ -1,6 +1,7 @@
 """Every `outbox` command against what an operator may hand it: bad values of every kind, a host that is
 closed, a host that accepts and never answers, a database never migrated, a role without rights, URLs
-holding a password, and lane keys holding escape sequences.
+holding a password, lane keys holding escape sequences, and a server that ends the sessions of a starting
+`outbox run`.
 
 Each command runs as the operator runs it, a subprocess of `python -m outbox.cli`, with a 2-second connect
 timeout. A failure is no traceback, exactly one line on stderr (one JSON object with `--json`), the exit
@@ -185,6 +186,96 @@ def hanging_url() -> Iterator[str]:
     server = SilentServer()
     yield f"postgresql://app:{PASSWORD}@127.0.0.1:{server.port}/app"
     server.stop()
+
+
+class TerminatingProxy:
+    """A TCP relay on 127.0.0.1 to the test server that, on each of its first `terminations` connections,
+    holds the client's first query and has the server terminate that backend (pg_terminate_backend): the
+    client then meets the server's own `terminating connection due to administrator command`, as when an
+    operator or a failover ends its session. Later connections are relayed as they are."""
+
+    def __init__(self, server_url: str, admin_engine: Engine, terminations: int) -> None:
+        self._server_url = make_url(server_url)
+        self._admin = admin_engine
+        self._left = terminations
+        self.terminated = 0
+        self._listener = socket.create_server(("127.0.0.1", 0), backlog=16)
+        self.port: int = self._listener.getsockname()[1]
+        threading.Thread(target=self._accept, name="terminating-proxy", daemon=True).start()
+
+    def url(self, database_url: str) -> str:
+        url = make_url(database_url).set(host="127.0.0.1", port=self.port)
+        return url.difference_update_query(["host"]).render_as_string(hide_password=False)
+
+    def _server(self) -> socket.socket:
+        directory, port = self._server_url.query.get("host"), self._server_url.port or 5432
+        if isinstance(directory, str) and directory.startswith("/"):
+            unix = socket.socket(socket.AF_UNIX)
+            unix.connect(f"{directory}/.s.PGSQL.{port}")
+            return unix
+        return socket.create_connection((self._server_url.host or "127.0.0.1", port))
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:  # closed
+                return
+            terminate = self._left > 0
+            self._left -= terminate
+            threading.Thread(target=self._relay, args=(client, terminate), daemon=True).start()
+
+    def _relay(self, client: socket.socket, terminate: bool) -> None:
+        with client, self._server() as server:
+            while True:  # refuse encryption; forward the startup message
+                head = _read(client, 8)
+                length, code = int.from_bytes(head[:4]), int.from_bytes(head[4:])
+                if code not in (80877103, 80877104):  # SSLRequest, GSSENCRequest
+                    server.sendall(head + _read(client, length - 8))
+                    break
+                client.sendall(b"N")
+            backend: list[int] = []  # the pid the server names in BackendKeyData
+            back = threading.Thread(target=self._to_client, args=(server, client, backend), daemon=True)
+            back.start()
+            try:
+                while True:
+                    kind, body = _message(client)
+                    if terminate and kind in (b"Q", b"P"):
+                        with self._admin.connect() as conn:
+                            conn.execute(text("SELECT pg_terminate_backend(:pid, 10000)"), {"pid": backend[0]})
+                        self.terminated += 1
+                        back.join(10)  # the server's FATAL reaches the client, then it closes
+                        return
+                    server.sendall(kind + (len(body) + 4).to_bytes(4) + body)
+            except ConnectionError:
+                return
+
+    @staticmethod
+    def _to_client(server: socket.socket, client: socket.socket, backend: list[int]) -> None:
+        try:
+            while True:
+                kind, body = _message(server)
+                if kind == b"K":
+                    backend.append(int.from_bytes(body[:4]))
+                client.sendall(kind + (len(body) + 4).to_bytes(4) + body)
+        except (ConnectionError, OSError):
+            client.close()
+
+    def stop(self) -> None:
+        self._listener.close()
+
+
+def _read(source: socket.socket, size: int) -> bytes:
+    data = source.recv(size, socket.MSG_WAITALL) if size else b""
+    if len(data) < size:
+        raise ConnectionError("closed")
+    return data
+
+
+def _message(source: socket.socket) -> tuple[bytes, bytes]:
+    """One protocol message after the startup: its type byte and its body."""
+    head = _read(source, 5)
+    return head[:1], _read(source, int.from_bytes(head[1:]) - 4)
 
 
 HOSTILE_LANE = "lane\x1b]0;owned\x07\x1b[2J\r\nforged | row\u2028next\x9b31m\x7f"
@@ -533,3 +624,34 @@ def test_a_statement_that_waits_past_the_statement_timeout_is_one_line(migrated_
         engine.dispose()
     failed(ran, 1, "the database cancelled a statement (canceling statement due to statement timeout)")
     assert 1 < ran.seconds < 1 + MARGIN, ran.seconds
+
+
+# ---- a database that ends the first sessions of `outbox run` -------------------------------------------
+
+
+def test_run_asks_again_when_the_database_ends_its_first_sessions(
+    admin_engine: Engine, server_url: str, migrated_url: str
+) -> None:
+    proxy = TerminatingProxy(server_url, admin_engine, terminations=2)
+    try:
+        ran = outbox("run", "--max-seconds", "0", url=proxy.url(migrated_url))
+    finally:
+        proxy.stop()
+    assert proxy.terminated == 2
+    assert ran.code == 0, ran
+    waits = [line for line in ran.err.splitlines() if "the database ended the session" in line]
+    assert len(waits) == 1 and "terminating connection due to administrator command" in waits[0], ran.err
+
+
+def test_run_gives_up_on_a_database_that_ends_every_session_after_the_connect_timeout(
+    admin_engine: Engine, server_url: str, migrated_url: str
+) -> None:
+    proxy = TerminatingProxy(server_url, admin_engine, terminations=1_000_000)
+    try:
+        ran = outbox("run", "--max-seconds", "0", url=proxy.url(migrated_url))
+    finally:
+        proxy.stop()
+    assert ran.code == 1 and ran.out == "" and "Traceback" not in ran.err, ran
+    assert ran.err.splitlines()[-1].startswith("error: the database failed: terminating connection"), ran.err
+    assert proxy.terminated >= 2
+    assert CONNECT_TIMEOUT - 0.5 < ran.seconds < CONNECT_TIMEOUT + MARGIN, ran.seconds

@@ -18,14 +18,16 @@ from outbox.worker import PrefectApi, Supervisor, flow_run_processes
 from tests.prefect_server import PrefectServer
 from tests.support import prefect_post, until
 
-# a flow-run process: it stops on SIGTERM and says so; one whose run has ended exits by itself soon after
+# a flow-run process: it stops on SIGTERM and says so; one whose run has ended exits by itself soon after.
+# It writes its ready file once its handlers are in place, so the stop never comes before them.
 FLOW_RUN = """
 import pathlib, signal, sys
 marker, lifetime = pathlib.Path(sys.argv[1]), float(sys.argv[2])
 signal.signal(signal.SIGTERM, lambda *_: (marker.write_text("SIGTERM"), sys.exit(0)))
 if lifetime:
-    signal.alarm(int(lifetime))
     signal.signal(signal.SIGALRM, lambda *_: sys.exit(0))
+    signal.alarm(int(lifetime))
+pathlib.Path(sys.argv[1] + ".ready").touch()
 signal.pause()
 """
 # the worker: starts one flow-run process per run, then waits for its own SIGTERM
@@ -62,6 +64,8 @@ def test_a_stopping_worker_stops_running_runs_cancels_unstarted_ones_and_leaves_
     worker = subprocess.Popen([sys.executable, "-c", WORKER, specs, FLOW_RUN])
     try:
         until(lambda: len(flow_run_processes(worker.pid)) == 3, timeout=30, what="three flow-run processes")
+        ready = [Path(f"{marker}.ready") for marker in markers.values()]
+        until(lambda: all(path.exists() for path in ready), timeout=30, what="the flow-run processes' handlers")
         processes = {run.run_id: run.process for run in flow_run_processes(worker.pid)}
         supervisor = Supervisor([], PrefectApi(f"{prefect_server.url}/api", None, None), grace_seconds=10)
         supervisor.stop_in_order(worker)

@@ -17,6 +17,7 @@ import dataclasses
 import json
 import logging
 import re
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -25,6 +26,7 @@ from typing import Any
 import typer
 from rich.console import Console
 from sqlalchemy import Connection, Engine
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.pool import NullPool
 
 from outbox.cli.options import Database, hide_passwords, printable
@@ -33,6 +35,7 @@ from outbox.errors import OutboxError
 from outbox.states import ActionState
 from outbox.store_ops import STORE_EXISTS
 
+log = logging.getLogger(__name__)
 # markup, emoji codes and highlighting off: lane keys, kinds and payloads are printed as they are
 out = Console(markup=False, highlight=False, emoji=False)
 # what a command says about itself (progress, where it listens), away from its output
@@ -109,15 +112,33 @@ def engine(database: Database, **options: Any) -> Engine:
 
 
 def migrated_engine(database: Database, **options: Any) -> Engine:
-    """An engine on a database that holds the outbox schema (checked once, now)."""
+    """An engine on a database that holds the outbox schema (checked now). When the server accepted the
+    connection and then ended it before the check was done (terminated, crashed or shutting down: SQLSTATE
+    57P01, 57P02, 57P03, or the connection lost mid-statement), the check is asked again on a new connection
+    until the connect timeout has passed: a long-running command started as its database fails over or
+    restarts waits for it. A connection that cannot be opened (refused, no answer, a wrong password) and a
+    database without the schema raise at once."""
     checked = engine(database, **options)
+    deadline = time.monotonic() + database.connect_timeout
+    said = False
     try:
-        with checked.connect() as conn:
-            require_schema(conn)
+        while True:
+            try:
+                with checked.connect() as conn:
+                    require_schema(conn)
+                return checked
+            except DBAPIError as error:
+                if not _ended_by_the_server(error) or time.monotonic() >= deadline:
+                    raise
+                if not said:
+                    reason = _one_line(str(error.orig))
+                    seconds = database.connect_timeout
+                    log.warning("the database ended the session (%s): asking again for %d s", reason, seconds)
+                    said = True
+                time.sleep(_RECHECK_SECONDS)
     except BaseException:
         checked.dispose()
         raise
-    return checked
 
 
 @contextmanager
@@ -135,6 +156,10 @@ def connect(database: Database, *, read_only: bool = False) -> Iterator[Connecti
         one.dispose()
 
 
+# SQLSTATEs of a server that ended this session: admin_shutdown (a terminated backend), crash_shutdown,
+# cannot_connect_now (starting up or shutting down)
+_ENDED_BY_THE_SERVER = {"57P01", "57P02", "57P03"}
+_RECHECK_SECONDS = 0.5
 # SQLSTATEs of a schema older (or other) than this release's statements expect
 _SCHEMA_MISMATCH = {"42P01", "42703", "42883", "42704", "3F000"}
 _BACKGROUND = re.compile(r"\s*\(Background on this error at: \S+\)")
@@ -142,6 +167,11 @@ _BACKGROUND = re.compile(r"\s*\(Background on this error at: \S+\)")
 
 def _one_line(message: str) -> str:
     return " ".join(part.strip() for part in _BACKGROUND.sub("", message).splitlines() if part.strip())
+
+
+def _ended_by_the_server(error: DBAPIError) -> bool:
+    lost_mid_statement = error.connection_invalidated and error.statement is not None
+    return lost_mid_statement or getattr(error.orig, "sqlstate", None) in _ENDED_BY_THE_SERVER
 
 
 def database_failure(error: BaseException) -> tuple[int, str] | None:
