@@ -72,6 +72,7 @@ def worker_arguments(description: str) -> argparse.Namespace:
     produce.add_argument("--rate", type=float, required=True)
     produce.add_argument("--seconds", type=float, required=True)
     produce.add_argument("--connections", type=int, default=32)
+    produce.add_argument("--driver", choices=["sqlalchemy", "psycopg"], default="sqlalchemy")
     return parser.parse_args()
 
 

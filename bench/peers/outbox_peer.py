@@ -1,7 +1,11 @@
 """outbox as a benchmark system: `outbox run` with a recording no-op adapter, and a paced enqueue producer.
 
     worker:   python -m outbox.cli run --adapters bench.peers.outbox_peer:adapters   (OUTBOX_BENCH_RECORD=file)
-    producer: python -m bench.peers.outbox_peer produce --url ... --rate ... --seconds ...
+    producer: python -m bench.peers.outbox_peer produce --url ... --rate ... --seconds ... [--driver psycopg]
+
+The producer enqueues as an application does, each action in its own transaction: through SQLAlchemy's
+async engine (the default), or on psycopg 3 async connections (`--driver psycopg`, the lighter documented
+way for an application on psycopg).
 
 The adapter passes its fence (a committed write of write_started_at under the claim's epoch) before it
 returns Done, so every job costs outbox its whole guarantee: claim, fence, finish.
@@ -14,12 +18,13 @@ import os
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 import outbox
 from bench import kinds
-from bench.peers import System, WorkerSpec, base_env, python
+from bench.peers import System, WorkerSpec, base_env, libpq_url, python
 from bench.peers.common import Recorder, produce, worker_arguments
 from outbox.db import async_engine
 from outbox.executor import ActionAdapter, ActionAttempt, Done, Result
@@ -37,10 +42,12 @@ class Outbox(System):
 
     lanes_feature = "lane_key"
 
-    def __init__(self, name: str = "outbox", args: tuple[str, ...] = ()) -> None:
+    def __init__(self, name: str = "outbox", args: tuple[str, ...] = (), driver: str = "sqlalchemy") -> None:
         self.name = name
         self.args = args
-        self.settings = f"outbox run {' '.join(args) or '(defaults: --concurrency 64, claims of the free slots)'}"
+        self.driver = driver
+        run = f"outbox run {' '.join(args) or '(defaults: --concurrency 64, claims of the free slots)'}"
+        self.settings = f"{run}; producer on {driver}"
 
     def prepare(self, url: str) -> None:
         from sqlalchemy import create_engine
@@ -84,7 +91,11 @@ class Outbox(System):
         engine.dispose()
 
     def driver_url(self, url: str) -> str:
-        return url  # its producer enqueues through SQLAlchemy, like an application
+        return url if self.driver == "sqlalchemy" else libpq_url(url)
+
+    def producer(self, url: str, out: Path, rate: float, seconds: float) -> WorkerSpec:
+        argv = self.module_command("produce", url, "--out", str(out), "--rate", str(rate), "--seconds", str(seconds))
+        return WorkerSpec([*argv, "--driver", self.driver], base_env())
 
 
 class RecordingNoop:
@@ -108,22 +119,19 @@ def adapters(engine: AsyncEngine) -> list[ActionAdapter]:
     return [RecordingNoop(kinds.NOOP, Recorder(os.environ["OUTBOX_BENCH_RECORD"]))]
 
 
+def _request(run: str, i: int) -> outbox.ActionRequest:
+    return outbox.ActionRequest(
+        kind=kinds.NOOP, workspace_id=1, lane_key=PRODUCER_LANE.format(i=i), idempotency_key=f"{run}-{i}", payload={}
+    )
+
+
 async def _produce(url: str, rate: float, seconds: float, connections: int, out: Path) -> None:
     engine = async_engine(url, pool_size=connections, max_overflow=0)
     run = uuid.uuid4().hex[:8]
 
     async def enqueue_one(i: int) -> str:
         async with engine.begin() as conn:
-            action = await outbox.enqueue_async(
-                conn,
-                outbox.ActionRequest(
-                    kind=kinds.NOOP,
-                    workspace_id=1,
-                    lane_key=PRODUCER_LANE.format(i=i),
-                    idempotency_key=f"{run}-{i}",
-                    payload={},
-                ),
-            )
+            action = await outbox.enqueue_async(conn, _request(run, i))
         return str(action.id)
 
     try:
@@ -132,11 +140,36 @@ async def _produce(url: str, rate: float, seconds: float, connections: int, out:
         await engine.dispose()
 
 
+async def _produce_on_psycopg(url: str, rate: float, seconds: float, connections: int, out: Path) -> None:
+    import psycopg
+
+    free: asyncio.Queue[psycopg.AsyncConnection[Any]] = asyncio.Queue()
+    for _ in range(connections):
+        free.put_nowait(await psycopg.AsyncConnection.connect(url))
+    run = uuid.uuid4().hex[:8]
+
+    async def enqueue_one(i: int) -> str:
+        conn = await free.get()
+        try:
+            async with conn.transaction():
+                action = await outbox.enqueue_async(conn, _request(run, i))
+        finally:
+            free.put_nowait(conn)
+        return str(action.id)
+
+    try:
+        await produce(enqueue_one, rate, seconds, connections, out)
+    finally:
+        while not free.empty():
+            await free.get_nowait().close()
+
+
 def main() -> None:
     args = worker_arguments(__doc__ or "")
     if args.command != "produce":
         raise SystemExit("outbox workers are `python -m outbox.cli run`; this module only produces")
-    asyncio.run(_produce(args.url, args.rate, args.seconds, args.connections, Path(args.out)))
+    producer = _produce_on_psycopg if args.driver == "psycopg" else _produce
+    asyncio.run(producer(args.url, args.rate, args.seconds, args.connections, Path(args.out)))
 
 
 if __name__ == "__main__":
