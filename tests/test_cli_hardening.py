@@ -629,15 +629,21 @@ def test_a_statement_that_waits_past_the_statement_timeout_is_one_line(migrated_
 # ---- a database that ends the first sessions of `outbox run` -------------------------------------------
 
 
+def run_ending_sessions(admin_engine: Engine, server_url: str, migrated_url: str, terminations: int) -> tuple[Ran, int]:
+    """`outbox run` through a relay that has the server terminate its first `terminations` sessions; what it
+    did, and how many sessions the server ended."""
+    proxy = TerminatingProxy(server_url, admin_engine, terminations)
+    try:
+        return outbox("run", "--max-seconds", "0", url=proxy.url(migrated_url)), proxy.terminated
+    finally:
+        proxy.stop()
+
+
 def test_run_asks_again_when_the_database_ends_its_first_sessions(
     admin_engine: Engine, server_url: str, migrated_url: str
 ) -> None:
-    proxy = TerminatingProxy(server_url, admin_engine, terminations=2)
-    try:
-        ran = outbox("run", "--max-seconds", "0", url=proxy.url(migrated_url))
-    finally:
-        proxy.stop()
-    assert proxy.terminated == 2
+    ran, terminated = run_ending_sessions(admin_engine, server_url, migrated_url, terminations=2)
+    assert terminated == 2
     assert ran.code == 0, ran
     waits = [line for line in ran.err.splitlines() if "the database ended the session" in line]
     assert len(waits) == 1 and "terminating connection due to administrator command" in waits[0], ran.err
@@ -646,12 +652,8 @@ def test_run_asks_again_when_the_database_ends_its_first_sessions(
 def test_run_gives_up_on_a_database_that_ends_every_session_after_the_connect_timeout(
     admin_engine: Engine, server_url: str, migrated_url: str
 ) -> None:
-    proxy = TerminatingProxy(server_url, admin_engine, terminations=1_000_000)
-    try:
-        ran = outbox("run", "--max-seconds", "0", url=proxy.url(migrated_url))
-    finally:
-        proxy.stop()
+    ran, terminated = run_ending_sessions(admin_engine, server_url, migrated_url, terminations=1_000_000)
     assert ran.code == 1 and ran.out == "" and "Traceback" not in ran.err, ran
     assert ran.err.splitlines()[-1].startswith("error: the database failed: terminating connection"), ran.err
-    assert proxy.terminated >= 2
+    assert terminated >= 2
     assert CONNECT_TIMEOUT - 0.5 < ran.seconds < CONNECT_TIMEOUT + MARGIN, ran.seconds
