@@ -4,7 +4,7 @@ Each batch locks up to `batch_size` ended rows older than a cutoff taken once on
 LOCKED, oldest first, from where the last batch stopped), deletes them and commits, until one comes up
 short: no long lock or snapshot, and purges on several replicas share the work. After each batch the purge
 rests as long as the batch took, so it keeps at most half of one server core busy and the executors' claims
-beside it keep their latency (a million rows take about 3.5 s instead of 1.7 on a 2-core machine). The last batch's
+beside it keep their latency (a million rows took 4 to 5 s instead of 1.7 on a 2-core machine). The last batch's
 transaction also records the success and merges the metric tally rows (store_metrics.merge_tallies; the
 purge never deletes a tally row, so no counter goes backwards). Thirty days outlast any notice's expiry, so
 a late redelivery of an event still finds its idempotency key. Sync and async functions mirror each other

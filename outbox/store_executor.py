@@ -322,10 +322,10 @@ class ExecutorStore:
 def _write_row(write: Write) -> list[Any]:
     """One write as a row of `_WRITES`, in its column order (JSON has no infinity: the last bucket is text)."""
     action, report, finish = write.action, write.report, write.finish
-    prior = action.prior_write_started_at
+    prior = action.prior_write_started_at.isoformat() if action.prior_write_started_at else None
     row: list[Any] = [action.id, action.epoch, "fence" if report is None else "none" if finish is None else "finish"]
     if finish is None:
-        row += [None, None, None, None, None, None, prior.isoformat() if prior else None, None]
+        row += [None, None, None, None, None, None, prior, None]
     else:
         row += [
             finish.state,
@@ -334,7 +334,7 @@ def _write_row(write: Write) -> list[Any]:
             finish.delay_seconds,
             finish.uncount,
             finish.fence,
-            prior.isoformat() if prior else None,
+            prior,
             finish.last_error,
         ]
     row.append(action.kind.name)

@@ -94,8 +94,8 @@ class Outbox(System):
         return url if self.driver == "sqlalchemy" else libpq_url(url)
 
     def producer(self, url: str, out: Path, rate: float, seconds: float) -> WorkerSpec:
-        argv = self.module_command("produce", url, "--out", str(out), "--rate", str(rate), "--seconds", str(seconds))
-        return WorkerSpec([*argv, "--driver", self.driver], base_env())
+        spec = super().producer(url, out, rate, seconds)
+        return WorkerSpec([*spec.argv, "--driver", self.driver], spec.env)
 
 
 class RecordingNoop:
