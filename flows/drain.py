@@ -56,12 +56,14 @@ from prefect.client.schemas.objects import FlowRun, StateType
 from prefect.context import FlowRunContext
 from prefect.events import emit_event
 from prefect.runtime import flow_run as this_run
+from sqlalchemy.engine import make_url
 
-from outbox.db import async_engine, sync_engine
+from outbox.db import async_engine, shown_url, sync_engine
 from outbox.executor import Executor, ExecutorConfig
 from outbox.executor.adapter import load_adapters
-from outbox.executor.config import DEFAULTS
+from outbox.executor.config import DEFAULTS, start_line
 from outbox.executor.outcomes import EndedAction, Outcomes
+from outbox.kind_rows import require_declared
 from outbox.ops import lanes
 from outbox.settings import load_settings
 
@@ -122,7 +124,14 @@ async def _drain(
         raise ValueError("OUTBOX_DATABASE_URL is not set for the drain flow")
     engine = async_engine(url, pool_size=4, max_overflow=4, **settings.engine_timeouts())
     config = ExecutorConfig(concurrency=concurrency, lease_seconds=settings.lease_seconds)
-    executor = Executor(engine, load_adapters(adapters)(engine), config)
+    try:
+        carried_out = list(load_adapters(adapters)(engine))
+        executor = Executor(engine, carried_out, config)
+        await require_declared(engine, (adapter.kind for adapter in carried_out))
+    except BaseException:
+        await engine.dispose()
+        raise
+    logger.info("%s", start_line(executor.kinds, shown_url(make_url(url)), config))
     executor.outcomes.listeners.append(emit_ended)
     started = asyncio.get_running_loop().time()
     watchers = [

@@ -4,6 +4,7 @@
                                      ├─ mismatch(kind, row) ─▶ None when they agree, else one line naming the step
     its row in agent_action_kind ────┘                          (no row: declare it; a row that differs: upsert it)
     differences(conn, kinds) ─▶ the lines of every kind whose row is missing or differs
+    require_declared(engine, kinds) ─▶ KindsNotDeclared (those lines) before an executor starts
 
 Enqueue refuses an action of such a kind before the database would (`InvalidRequest("kind", line)`), and
 `outbox run` and the drain flow refuse to start with one line per kind, so neither the foreign key
@@ -14,11 +15,16 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from sqlalchemy import Connection
 
 from outbox import store
+from outbox.errors import OutboxError
 from outbox.kinds import ActionKind
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncEngine
 
 _FLAGS = ("at_most_once", "instance_level", "workspace_level")
 
@@ -65,3 +71,23 @@ def differences(conn: Connection, kinds: Iterable[ActionKind]) -> list[str]:
     declared = rows(conn)
     lines = (mismatch(kind, declared.get(kind.name)) for kind in sorted(kinds, key=lambda k: k.name))
     return [line for line in lines if line is not None]
+
+
+class KindsNotDeclared(OutboxError):
+    """An executor's kinds that the database does not declare as the code does: it refuses to start (exit 1,
+    like a schema that is behind). `lines` holds one line per kind."""
+
+    exit_code = 1
+
+    def __init__(self, lines: list[str]) -> None:
+        self.lines = lines
+        super().__init__("\n".join(lines))
+
+
+async def require_declared(engine: AsyncEngine, kinds: Iterable[ActionKind]) -> None:
+    """Raise KindsNotDeclared when a row of `kinds` is missing or declares its kind otherwise."""
+    chosen = list(kinds)
+    async with engine.connect() as conn:
+        lines = await conn.run_sync(lambda sync: differences(sync, chosen))
+    if lines:
+        raise KindsNotDeclared(lines)

@@ -20,6 +20,7 @@ from flows.drain import drain
 from flows.purge import purge
 from outbox.email import enqueue_email
 from outbox.email.sink import Faults, SmtpSink
+from outbox.kind_rows import KindsNotDeclared
 
 pytestmark = pytest.mark.usefixtures("outbox_logger_restored")
 
@@ -90,3 +91,16 @@ def test_the_purge_flow_reports_what_it_removed(engine: Engine, outbox_env: None
         )
         conn.execute(text("UPDATE agent_action SET state = 'CANCELLED', stop_reason = 'OPERATOR_CANCELLED'"))
     assert purge(retention_days=0) == {"removed": 1, "retention_days": 0}
+
+
+async def test_a_drain_run_refuses_to_start_when_its_kinds_row_differs(engine: Engine, outbox_env: None) -> None:
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE agent_action_kind SET at_most_once = false WHERE name = 'EMAIL'"))
+    with pytest.raises(KindsNotDeclared) as refused:
+        await drain(max_seconds=5, adapters="examples.accounts:adapters")
+    assert refused.value.lines == [
+        "kind EMAIL: its row in agent_action_kind declares at_most_once=false (the code: true); declare it again"
+        " in a new migration with outbox.migrate.declare_kinds(op, [EMAIL]), or change the code to match"
+    ]
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM agent_executor")).scalar_one() == 0  # never registered

@@ -73,6 +73,7 @@ def run(
     from outbox.executor import ExecutorConfig
     from outbox.executor.adapter import load_adapters
     from outbox.executor.config import WRITE_WINDOW_SECONDS
+    from outbox.kind_rows import KindsNotDeclared
 
     if lease_seconds <= WRITE_WINDOW_SECONDS:
         window = f"the {WRITE_WINDOW_SECONDS:g} s write window"
@@ -81,7 +82,12 @@ def run(
     factory = load_adapters(adapters)
     log_to_stderr()
     migrated_engine(db).dispose()
-    outcomes = asyncio.run(_run(db, factory, config, max_actions, max_seconds))
+    try:
+        outcomes = asyncio.run(_run(db, factory, config, max_actions, max_seconds))
+    except KindsNotDeclared as refused:  # one line per kind, then nothing claimed
+        for line in refused.lines:
+            typer.echo(f"error: {printable(line)}", err=True)
+        raise typer.Exit(1) from None
     err.print(summary_table(outcomes))
 
 
@@ -89,10 +95,15 @@ async def _run(
     db: Database, factory: AdapterFactory, config: ExecutorConfig, max_actions: int | None, max_seconds: float | None
 ) -> Outcomes:
     import asyncio
+    import logging
     import signal
 
-    from outbox.db import async_engine
+    from sqlalchemy.engine import make_url
+
+    from outbox.db import async_engine, shown_url
     from outbox.executor import Executor
+    from outbox.executor.config import start_line
+    from outbox.kind_rows import require_declared
 
     engine = async_engine(
         db.url,
@@ -101,11 +112,14 @@ async def _run(
         pool_size=4,
         max_overflow=4,
     )
-    executor = Executor(engine, factory(engine), config)
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, executor.stop)
     try:
+        adapters = list(factory(engine))
+        executor = Executor(engine, adapters, config)
+        await require_declared(engine, (adapter.kind for adapter in adapters))
+        logging.getLogger("outbox.run").info("%s", start_line(executor.kinds, shown_url(make_url(db.url)), config))
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, executor.stop)
         return await executor.run(max_actions=max_actions, max_seconds=max_seconds)
     finally:
         await engine.dispose()

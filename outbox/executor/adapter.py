@@ -4,6 +4,8 @@ adapters (`module:factory`, as `outbox run --adapters` and the drain flow name t
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 from collections.abc import Callable, Iterable
 from typing import Protocol
 
@@ -30,10 +32,16 @@ AdapterFactory = Callable[[AsyncEngine], Iterable[ActionAdapter]]
 
 def load_adapters(spec: str) -> AdapterFactory:
     """`module:factory`, where factory(engine) returns the adapters, one per kind. Importing the module is
-    where an application registers its kinds and email notices."""
+    where an application registers its kinds and email notices.
+
+    The working folder comes first on the module path, as uvicorn, gunicorn and celery put it: `outbox run
+    --adapters myapp.outbox:adapters` finds `myapp` in the folder it is started from, with no PYTHONPATH."""
     module_name, _, attribute = spec.partition(":")
     if not module_name or not attribute:
         raise ValueError(f"--adapters must look like module:factory, not {spec!r}")
+    working_folder = os.getcwd()
+    if working_folder not in sys.path:
+        sys.path.insert(0, working_folder)
     try:
         factory: AdapterFactory = getattr(importlib.import_module(module_name), attribute)
     except (ImportError, AttributeError) as error:

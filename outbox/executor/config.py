@@ -42,5 +42,14 @@ class ExecutorConfig:
         return self.claim_batch or self.concurrency
 
 
+def start_line(kinds: list[str], shown_url: str, config: ExecutorConfig) -> str:
+    """What an executor says when it starts: its kinds, its database (no password) and its settings."""
+    batch = f"{config.claim_batch}" if config.claim_batch is not None else "up to the free slots"
+    return (
+        f"carrying out {', '.join(kinds)} on {shown_url}: concurrency {config.concurrency},"
+        f" claim batch {batch}, lease {config.lease_seconds:g} s"
+    )
+
+
 # the defaults, for the options and parameters that offer them
 DEFAULTS = ExecutorConfig()
