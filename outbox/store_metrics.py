@@ -93,9 +93,34 @@ SELECT kind, metric, le, sum(n)::bigint AS n, sum(total) AS total
 
 # ---- gauges ----------------------------------------------------------------------------------------------
 
-DUE_BY_KIND = text("""
-SELECT kind, count(*) AS actions, extract(epoch FROM now() - min(due_at))::float8 AS oldest_due_seconds
-  FROM agent_action WHERE state = 'ADMITTED' AND due_at <= now() GROUP BY kind
+KIND_NAMES = text("SELECT name FROM agent_action_kind")
+# What an executor could claim now, by kind: the heads of the ready lanes (ix_agent_lane_ready, then one
+# primary-key probe per lane) that are ADMITTED, due and not expired, as the claim takes them; and the
+# expired leases the sweep takes back (ix_agent_action_lease), claimable since their lease expired. An
+# expired lease that the sweep ends instead (an at-most-once write that started, or the last attempt) is no
+# claim. `heads` is the part that is lane heads.
+CLAIMABLE_BY_KIND = text("""
+WITH claimable AS (
+    SELECT a.kind, a.due_at AS since, true AS head
+      FROM agent_lane AS l JOIN agent_action AS a ON a.id = l.head_id
+     WHERE l.ready_at <= now()
+       AND a.state = 'ADMITTED' AND a.due_at <= now() AND (a.expires_at IS NULL OR a.expires_at > now())
+    UNION ALL
+    SELECT a.kind, a.lease_expires_at, false
+      FROM agent_action AS a JOIN agent_action_kind AS k ON k.name = a.kind
+     WHERE a.state = 'EXECUTING' AND a.lease_expires_at <= now() AND a.attempt < a.max_attempts
+       AND NOT (k.at_most_once AND a.write_started_at IS NOT NULL)
+)
+SELECT kind, count(*) AS actions, count(*) FILTER (WHERE head) AS heads,
+       extract(epoch FROM now() - min(since))::float8 AS oldest_due_seconds
+  FROM claimable GROUP BY kind
+""")
+# ADMITTED actions due and not expired, by kind (ix_agent_action_admitted_due): the claimable lane heads
+# among them, and every action that waits for its lane (behind its head, or behind its executing action)
+DUE_ADMITTED_BY_KIND = text("""
+SELECT kind, count(*) AS actions FROM agent_action
+ WHERE state = 'ADMITTED' AND due_at <= now() AND (expires_at IS NULL OR expires_at > now())
+ GROUP BY kind
 """)
 LEASES_BY_KIND = text("""
 SELECT kind, count(*) AS executing, count(*) FILTER (WHERE lease_expires_at <= now()) AS expired

@@ -285,6 +285,38 @@ async def test_postgresql_counts_the_snapshots_the_exporter_reports(
     assert scans_of_agent_executor(engine, database_url) == 3
 
 
+async def test_an_application_kind_has_its_backlog_series_from_the_first_scrape(
+    engine: Engine, reader_url: str, start_exporter: Callable[..., Exporter]
+) -> None:
+    """A kind the exporter's process never registers (its rows are all it knows of it), before any attempt."""
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO agent_action_kind (name, at_most_once, instance_level, workspace_level)"
+                " VALUES ('APP_INVOICE', false, true, false)"
+            )
+        )
+    exporter = start_exporter(reader_url, cache_seconds=0)
+    found = samples((await get(exporter.port)).body)
+    for name in ("outbox_due_actions", "outbox_oldest_due_age_seconds", "outbox_lane_waiting_actions"):
+        assert value(found, name, kind="APP_INVOICE") == 0, name
+    assert value(found, "outbox_actions", kind="APP_INVOICE", state="ADMITTED") == 0
+    assert value(found, "action_ended_total", kind="APP_INVOICE", state="UNCERTAIN", reason="PROVIDER_UNCERTAIN") == 0
+
+    with engine.begin() as conn:  # the application's own SQL: two actions in one lane
+        conn.execute(
+            text(
+                "INSERT INTO agent_action (kind, lane_key, idempotency_key, payload, max_attempts, state)"
+                " SELECT 'APP_INVOICE', 'invoice:7', 'invoice:7:' || g, '{}', 5, 'ADMITTED'"
+                " FROM generate_series(1, 2) g"
+            )
+        )
+    found = samples((await get(exporter.port)).body)
+    assert value(found, "outbox_actions", kind="APP_INVOICE", state="ADMITTED") == 2
+    assert value(found, "outbox_due_actions", kind="APP_INVOICE") == 1
+    assert value(found, "outbox_lane_waiting_actions", kind="APP_INVOICE") == 1
+
+
 async def test_three_hundred_scrapes_at_once_all_answer(
     reader_url: str, start_exporter: Callable[..., Exporter]
 ) -> None:

@@ -19,9 +19,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from outbox.executor import Abandoned, ActionAttempt, Done, Failed, Result, Retry, Uncertain
+from outbox.db import libpq_url
+from outbox.executor import Abandoned, ActionAttempt, Done, Executor, Failed, Result, Retry, Uncertain
+from outbox.kinds import ActionKind
 from outbox.metrics.exporter import registry_for
 from outbox.retention import purge_ended
+from outbox.store_executor import ExecutorStore
 from outbox.testing import drain
 from tests import kinds
 from tests.adapters import ScriptedAdapter
@@ -116,6 +119,87 @@ async def test_the_purge_never_makes_a_counter_go_backwards(engine: Engine, aeng
     counters = [k for k in before if k[0].endswith("_total") or k[0].endswith("_count")]
     assert counters and all(after[k] == before[k] for k in counters)
     assert value(after, "outbox_purge_last_success_timestamp_seconds") >= float(purge_at)
+
+
+async def lanes_in_every_state(engine: Engine, aengine: AsyncEngine) -> None:
+    """TEST_NOOP lanes whose heads are each in another state, and the due actions waiting behind them:
+
+    backoff   head in a one-hour backoff, 4 due actions behind it, enqueued an hour ago
+    held      head EXECUTING under a live lease, 1 due action behind it
+    proposed  head PROPOSED, 1 due action behind it
+    ready     head due with nothing executing (claimable), 1 due action behind it
+    lost      EXECUTING, its lease expired 90 s ago (taken back: claimable)
+    last      EXECUTING at its last attempt, lease expired (the sweep ends it FAILED: no claim)
+    expired   head past its expires_at (the sweep cancels it: no claim)
+    and a TEST_ONCE action whose write started, lease expired (the sweep ends it UNCERTAIN: no claim).
+    """
+    backoff = [enqueue(engine, lane="backoff") for _ in range(5)]
+    abandoned = {
+        enqueue(engine, lane="held"),
+        enqueue(engine, lane="lost"),
+        enqueue(engine, lane="last", max_attempts=1),
+        once := enqueue(engine, lane="once", kind=kinds.ONCE),
+    }
+
+    async def scripted(attempt: ActionAttempt) -> Result:
+        if attempt.action.id not in abandoned:
+            return Retry("busy", after=3600)
+        if attempt.action.id == once:
+            (await attempt.fence().begin_write()).check()
+        return Abandoned("frozen")
+
+    await Executor(
+        aengine, [ScriptedAdapter(kinds.NOOP, scripted), ScriptedAdapter(kinds.ONCE, scripted)], listen=False
+    ).run(until_idle=True)
+    enqueue(engine, lane="held")
+    enqueue(engine, lane="proposed", proposed=True)
+    enqueue(engine, lane="proposed")
+    enqueue(engine, lane="ready")
+    enqueue(engine, lane="ready")
+    expired = enqueue(engine, lane="expired")
+    with engine.begin() as conn:
+        conn.execute(
+            text("UPDATE agent_action SET due_at = now() - interval '1 hour' WHERE id = ANY (:ids)"),
+            {"ids": backoff[1:]},
+        )
+        conn.execute(
+            text(
+                "UPDATE agent_action SET lease_expires_at = now() - interval '90 seconds'"
+                " WHERE lane_key IN ('lost', 'last', 'once')"
+            )
+        )
+        conn.execute(
+            text("UPDATE agent_action SET expires_at = now() - interval '1 second' WHERE id = :id"), {"id": expired}
+        )
+
+
+async def test_due_counts_what_an_executor_could_claim_now(engine: Engine, aengine: AsyncEngine) -> None:
+    """Due is the ready lane heads and the leases to take back, exactly what a claim and a sweep take;
+    the due actions behind a head (in a backoff, PROPOSED, EXECUTING) are outbox_lane_waiting_actions."""
+    await lanes_in_every_state(engine, aengine)
+    found = samples(scrape(engine))
+    noop, once = kinds.NOOP.name, kinds.ONCE.name
+    assert value(found, "outbox_due_actions", kind=noop) == 2  # the ready lane's head, the lost lease
+    assert value(found, "outbox_lane_waiting_actions", kind=noop) == 4 + 1 + 1 + 1  # backoff, held, proposed, ready
+    assert 90 <= value(found, "outbox_oldest_due_age_seconds", kind=noop) < 900  # the lost lease, not the backoff
+    assert value(found, "outbox_due_actions", kind=once) == 0
+    assert value(found, "outbox_oldest_due_age_seconds", kind=once) == 0
+
+    store = ExecutorStore(libpq_url(aengine))
+    try:
+        names = [k.name for k in kinds.ALL]
+        claimed = await store.claim(100, 300, names)
+        swept = await store.sweep("probe", 100, 300, names, [k.name for k in ActionKind.all() if k.at_most_once])
+    finally:
+        await store.close()
+    assert len(claimed) + len(swept.claimed_again) == 2
+    assert len(swept.ended) == 3  # the expired head, the last attempt, the write that started
+    found = samples(scrape(engine))
+    assert value(found, "outbox_due_actions", kind=noop) == 0
+    assert value(found, "outbox_oldest_due_age_seconds", kind=noop) == 0
+    assert (
+        value(found, "outbox_lane_waiting_actions", kind=noop) == 7
+    )  # the ready lane's second: behind an executing head
 
 
 def test_no_label_holds_a_lane_key_an_id_or_free_text(engine: Engine) -> None:

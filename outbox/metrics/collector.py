@@ -8,18 +8,20 @@
                     ▼
         one READ ONLY, REPEATABLE READ transaction: connect timeout 2 s at most, statement_timeout 2 s
         ──▶ counters: the sum of every tally row (merged or not), histograms from the latency tallies,
-            gauges from the partial indexes ──▶ outbox_exporter_up 1 and every metric
+            gauges from the partial indexes and agent_lane ──▶ outbox_exporter_up 1 and every metric
     an error, or no answer within `wait_seconds` ──▶ outbox_exporter_up 0, and one log line per change
         between up and down (WARNING with the cause when it goes down, INFO when it comes back)
 
-The collector never writes, so it runs under the read-only role `outbox_reader`: the tally rows are merged
-by the executors and the retention purge (store_metrics.merge_tallies), and a merge keeps every sum.
-Counters come from durable tallies written in the transactions they count, so they are right across
-replicas, crashed workers and flow runs in short-lived subprocesses. Every label set an alert uses is
-exported from the first scrape (at 0), so the first UNCERTAIN shows as an increase. No label holds a lane
-key, an id or free text. One snapshot serves every scrape of a cache period, so many Prometheus servers
-scraping at once do not multiply the database load. A snapshot whose database never answers (a host that
-hangs) is left to its thread; a later scrape starts a new one, at most MAX_UNANSWERED of them at a time.
+The collector never writes, so it runs under the read-only role `outbox_reader`: the tally rows are merged by
+the executors and the retention purge (store_metrics.merge_tallies), and a merge keeps every sum. Counters
+come from durable tallies written in the transactions they count, so they are right across replicas, crashed
+workers and flow runs in short-lived subprocesses. Every label set an alert uses is exported from the first
+scrape (at 0), so the first UNCERTAIN shows as an increase; the kinds are those with a row in
+agent_action_kind (an application's own, which this process never imports, included), those this process
+registered, and those with tallies. No label holds a lane key, an id or free text. One snapshot serves every
+scrape of a cache period, so many Prometheus servers scraping at once do not multiply the database load. A
+snapshot whose database never answers (a host that hangs) is left to its thread; a later scrape starts a new
+one, at most MAX_UNANSWERED of them at a time.
 """
 
 from __future__ import annotations
@@ -86,8 +88,13 @@ class Snapshot:
     # (kind, metric) -> {le: count in that bucket}, and the sum of observations
     latency: dict[tuple[str, str], dict[float, int]] = field(default_factory=dict)
     latency_sum: dict[tuple[str, str], float] = field(default_factory=dict)
+    # every kind with a row in agent_action_kind, whether or not this process registered it
+    kinds: set[str] = field(default_factory=set)
     actions: dict[tuple[str, str], int] = field(default_factory=dict)
+    # kind -> (claimable now, age of the oldest of them in seconds)
     due: dict[str, tuple[int, float]] = field(default_factory=dict)
+    # kind -> ADMITTED actions due that wait for their lane (behind its head or its executing action)
+    lane_waiting: dict[str, int] = field(default_factory=dict)
     leases: dict[str, tuple[int, int]] = field(default_factory=dict)
     lanes_by_depth: dict[int, int] = field(default_factory=dict)
     executors: int = 0
@@ -260,9 +267,16 @@ def read_snapshot(conn: Connection) -> Snapshot:
     for row in conn.execute(sql.LATENCY_BUCKETS):
         s.latency.setdefault((row.kind, row.metric), {})[row.le] = row.n
         s.latency_sum[(row.kind, row.metric)] = s.latency_sum.get((row.kind, row.metric), 0.0) + row.total
+    s.kinds = set(conn.execute(sql.KIND_NAMES).scalars())
     for row in conn.execute(COUNT_UNENDED_BY_STATE_AND_KIND):
         s.actions[(row.kind, row.state)] = row.actions
-    s.due = {row.kind: (row.actions, row.oldest_due_seconds) for row in conn.execute(sql.DUE_BY_KIND)}
+    claimable_heads: dict[str, int] = {}
+    for row in conn.execute(sql.CLAIMABLE_BY_KIND):
+        s.due[row.kind] = (row.actions, row.oldest_due_seconds)
+        claimable_heads[row.kind] = row.heads
+    s.lane_waiting = {
+        row.kind: row.actions - claimable_heads.get(row.kind, 0) for row in conn.execute(sql.DUE_ADMITTED_BY_KIND)
+    }
     s.leases = {row.kind: (row.executing, row.expired) for row in conn.execute(sql.LEASES_BY_KIND)}
     s.lanes_by_depth = {row.depth: row.lanes for row in conn.execute(sql.LANES_BY_DEPTH)}
     s.executors = conn.execute(sql.LIVE_EXECUTORS, {"seconds": EXECUTOR_SILENCE_SECONDS}).scalar_one()
@@ -272,7 +286,9 @@ def read_snapshot(conn: Connection) -> Snapshot:
 
 
 def families(s: Snapshot) -> Iterable[Metric]:
-    kinds = sorted({k.name for k in ActionKind.all()} | {k for k, *_ in s.attempts} | {k for k, *_ in s.ended})
+    kinds = sorted(
+        {k.name for k in ActionKind.all()} | s.kinds | {k for k, *_ in s.attempts} | {k for k, *_ in s.ended}
+    )
 
     attempts = CounterMetricFamily(
         "action_attempts",
@@ -309,10 +325,20 @@ def families(s: Snapshot) -> Iterable[Metric]:
             actions.add_metric([kind, state], s.actions.get((kind, state), 0))
     yield actions
 
-    due = GaugeMetricFamily("outbox_due_actions", "ADMITTED actions whose due time has come.", labels=["kind"])
+    due = GaugeMetricFamily(
+        "outbox_due_actions",
+        "Actions an executor could claim now: due heads of lanes with nothing executing, and expired leases"
+        " to take back.",
+        labels=["kind"],
+    )
     oldest = GaugeMetricFamily(
         "outbox_oldest_due_age_seconds",
-        "Age of the oldest due ADMITTED action, on the database clock (0: none).",
+        "How long the oldest action an executor could claim now has been claimable, database clock (0: none).",
+        labels=["kind"],
+    )
+    lane_waiting = GaugeMetricFamily(
+        "outbox_lane_waiting_actions",
+        "ADMITTED actions due that wait for their lane: behind its head or its executing action.",
         labels=["kind"],
     )
     executing = GaugeMetricFamily("outbox_executing_actions", "Actions EXECUTING.", labels=["kind"])
@@ -321,10 +347,11 @@ def families(s: Snapshot) -> Iterable[Metric]:
         count, age = s.due.get(kind, (0, 0.0))
         due.add_metric([kind], count)
         oldest.add_metric([kind], max(0.0, age))
+        lane_waiting.add_metric([kind], s.lane_waiting.get(kind, 0))
         running, lost = s.leases.get(kind, (0, 0))
         executing.add_metric([kind], running)
         expired.add_metric([kind], lost)
-    yield from (due, oldest, executing, expired)
+    yield from (due, oldest, lane_waiting, executing, expired)
 
     with_backlog = GaugeMetricFamily("outbox_lanes_with_backlog", "Lanes with an action not started.")
     with_backlog.add_metric([], sum(s.lanes_by_depth.values()))
