@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 PAGES = [README, *sorted((ROOT / "docs").glob("*.md"))]
 EXAMPLE = re.compile(r"<!-- example: ([\w-]+) -->\n```python\n(.*?)```", re.S)
-TESTED_EXAMPLES = {"enqueue", "adapter", "email", "retention", "alembic-revision"}
+TESTED_EXAMPLES = {"enqueue", "adapter", "email", "retention", "alembic-revision", "readback-adapter"}
 
 
 def page_name(page: Path) -> str:
