@@ -8,17 +8,17 @@ section of docs/ that exists.
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import yaml
-from sqlalchemy import Connection, Engine, create_engine, text
-from sqlalchemy.ext.asyncio import AsyncEngine
-
-from outbox import migrate
+from sqlalchemy import Engine, text
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
@@ -76,21 +76,21 @@ def test_the_enqueue_example_runs(engine: Engine) -> None:
         assert conn.execute(text("SELECT email_verified FROM account")).scalar_one() is False
 
 
-async def test_the_adapter_example_runs(engine: Engine, aengine: AsyncEngine) -> None:
-    import outbox
-    from tests import kinds
-
-    with engine.begin() as conn:
-        action = outbox.enqueue(
-            conn,
-            outbox.ActionRequest(kind=kinds.NOOP, workspace_id=1, lane_key="l", idempotency_key="ping", payload={}),
+def test_the_adapter_example_runs_as_a_script(database_url: str, engine: Engine, tmp_path: Path) -> None:
+    code, _ = example("adapter")
+    (tmp_path / "ping.py").write_text(code)
+    env = {**os.environ, "OUTBOX_DATABASE_URL": database_url}
+    for expected in ("sent [1]", "sent []"):  # the second run's enqueue returns the first, ended action
+        ran = subprocess.run(
+            [sys.executable, "ping.py"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
         )
-    namespace: dict[str, Any] = {"kinds": kinds}
-    run_example("adapter", namespace)
-    adapter = await namespace["deliver_all"](aengine)
-    assert adapter.sent == [action.id]
+        assert ran.returncode == 0, ran.stderr
+        assert ran.stdout.strip() == expected
     with engine.connect() as conn:
-        assert conn.execute(text("SELECT state, readback_ref FROM agent_action")).one() == ("DONE", f"ping-{action.id}")
+        assert conn.execute(text("SELECT id, state, readback_ref FROM agent_action")).one() == (1, "DONE", "ping-1")
+        assert conn.execute(
+            text("SELECT at_most_once, instance_level, workspace_level FROM agent_action_kind WHERE name = 'PING'")
+        ).one() == (False, True, False)
 
 
 def test_the_email_example_runs(engine: Engine) -> None:
@@ -132,40 +132,6 @@ def test_the_retention_example_runs(engine: Engine) -> None:
     assert (namespace["erased"], namespace["deleted"]) == (1, 2)
     with engine.connect() as conn:
         assert conn.execute(text("SELECT id FROM agent_action")).scalars().all() == kept
-
-
-class AlembicOp:
-    """What the example's revision uses of `alembic.op` while the application's Alembic runs it."""
-
-    def __init__(self, connection: Connection) -> None:
-        self._connection = connection
-
-    def get_bind(self) -> Connection:
-        return self._connection
-
-
-def test_the_alembic_revision_example_keeps_outbox_in_its_own_version_table(empty_database_url: str) -> None:
-    namespace: dict[str, Any] = {}
-    run_example("alembic-revision", namespace)  # defines the revision; `op` is what Alembic hands it at run time
-    engine = create_engine(empty_database_url)
-    try:
-        with engine.begin() as conn:  # the application's migration transaction
-            namespace["op"] = AlembicOp(conn)
-            namespace["upgrade"]()
-        with engine.connect() as conn:
-            # the example pins the newest revision
-            assert conn.execute(text("SELECT version_num FROM outbox_alembic_version")).scalars().all() == [
-                migrate.head()
-            ]
-            assert conn.execute(text("SELECT to_regclass('alembic_version')")).scalar_one() is None
-            assert conn.execute(text("SELECT to_regclass('agent_action')")).scalar_one() is not None
-        with engine.begin() as conn:
-            namespace["op"] = AlembicOp(conn)
-            namespace["downgrade"]()
-        with engine.connect() as conn:
-            assert conn.execute(text("SELECT to_regclass('agent_action')")).scalar_one() is None
-    finally:
-        engine.dispose()
 
 
 # -- links and words
