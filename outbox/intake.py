@@ -2,12 +2,17 @@
 
     ActionRequest(s) --validate each--> ValidRequest(s) --one INSERT ... ON CONFLICT DO NOTHING--> agent_action
                                    (it also returns the rows that held a key before it began)
-                                                     | a key neither inserted nor seen: a racing duplicate
-                                                     v
-                                      SELECT by idempotency key (a new snapshot sees the winner)
+                          | a kind without its row, or with a row that declares it otherwise; an expiry passed:
+                          | nothing inserted, InvalidRequest naming the request and the step to take
+                          | a key neither inserted nor seen: a racing duplicate
+                          v
+                          SELECT by idempotency key (a new snapshot sees the winner)
+    each request's action --inserted by it--> created True
+                          --held its key before--> created False, the fields that differ noted (and logged)
 
-`enqueue` and `enqueue_many` run the same statement: one round trip for one action or a batch, an expiry
-checked on the database clock inside it.
+`enqueue` and `enqueue_many` run the same statement: one round trip for one action or a batch, a kind's
+row and an expiry checked inside it, so the database never refuses it. `held_action` reads the action a
+key holds without inserting, for a caller that would not insert (an email that reaches nobody now).
 
 The caller owns the transaction: outbox never commits or rolls back, so the action exists exactly when
 the caller's change commits. Sync (SQLAlchemy `Connection`, `Session`, a psycopg `Connection`) and async
@@ -17,16 +22,22 @@ the caller's change commits. Sync (SQLAlchemy `Connection`, `Session`, a psycopg
 
 from __future__ import annotations
 
+import json
+import logging
 from collections.abc import Sequence
-from datetime import datetime
+from dataclasses import replace
+from decimal import Decimal
+from typing import Any
 
 from sqlalchemy import TextClause
 
-from outbox import store
+from outbox import kind_rows, store
 from outbox.action import Action
 from outbox.caller import AsyncConn, SyncConnection, run, run_async
 from outbox.errors import ActionNotFound, InvalidRequest, TransitionRefused
 from outbox.requests import ActionRequest, ValidRequest, validate
+
+log = logging.getLogger("outbox.enqueue")
 
 
 def _valid(requests: Sequence[ActionRequest]) -> list[ValidRequest]:
@@ -42,28 +53,118 @@ def _valid(requests: Sequence[ActionRequest]) -> list[ValidRequest]:
     return valid
 
 
-def _expired(valid: ValidRequest, database_now: datetime, field: str) -> InvalidRequest:
-    assert valid.expires_at is not None
+def _field(name: str, position: int, *, many: bool) -> str:
+    return f"requests[{position}].{name}" if many else name
+
+
+def _undeclared_kind(valid: list[ValidRequest], inserted: store.Inserted, *, many: bool) -> InvalidRequest | None:
+    """The refusal of the first request whose kind's row is missing or declares it otherwise, if any."""
+    for position, request in enumerate(valid):
+        if request.kind.name in inserted.undeclared_kinds:
+            found = inserted.undeclared_kinds[request.kind.name]
+            line = kind_rows.mismatch(request.kind, None if found is None else kind_rows.KindRow(**found))
+            assert line is not None, "the statement returns only the kinds whose row is missing or differs"
+            return InvalidRequest(_field("kind", position, many=many), line)
+    return None
+
+
+def _expired(valid: list[ValidRequest], inserted: store.Inserted, *, many: bool) -> InvalidRequest | None:
+    if inserted.expired is None:
+        return None
+    position, database_now = inserted.expired
+    expires_at = valid[position].expires_at
+    assert expires_at is not None
     return InvalidRequest(
-        field, f"{valid.expires_at.isoformat()} has already passed (database clock {database_now.isoformat()})"
+        _field("expires_at", position, many=many),
+        f"{expires_at.isoformat()} has already passed (database clock {database_now.isoformat()})",
     )
 
 
 def _found(valid: list[ValidRequest], inserted: store.Inserted, *, many: bool) -> tuple[dict[str, Action], list[str]]:
-    """The actions by key, and the keys not seen yet (a racing duplicate committed after the statement began)."""
-    if inserted.expired is not None:
-        position, database_now = inserted.expired
-        field = f"requests[{position}].expires_at" if many else "expires_at"
-        raise _expired(valid[position], database_now, field)
+    """The actions by key, and the keys not seen yet (a racing duplicate committed after the statement began);
+    InvalidRequest when the statement inserted nothing for a kind's row or an expiry."""
+    refused = _undeclared_kind(valid, inserted, many=many) or _expired(valid, inserted, many=many)
+    if refused is not None:
+        raise refused
     return inserted.by_key, [v.idempotency_key for v in valid if v.idempotency_key not in inserted.by_key]
+
+
+# -- a key that already held an action
+
+
+def _as_stored(payload_json: str) -> Any:
+    """The payload as the database reads it back."""
+    return json.loads(payload_json, parse_float=_stored_number)
+
+
+def _stored_number(number: str) -> float | int:
+    """`jsonb` writes a number given with a positive exponent (Python's form of a float of 1e16 or more) as
+    the integer it is."""
+    return int(Decimal(number)) if "e+" in number else float(number)
+
+
+def _same_json(first: Any, second: Any) -> bool:
+    """Equal as JSON: `true` is not `1` (Python's `True == 1`), the order of an object's keys does not count."""
+    return json.dumps(first, sort_keys=True) == json.dumps(second, sort_keys=True)
+
+
+def differing_fields(request: ValidRequest, action: Action) -> tuple[str, ...]:
+    """The fields of `request` that say what the effect is, and whom and where it addresses, and hold other
+    values than `action`, which held its key before. The payload counts while the action keeps it (an ended
+    action keeps none); the delivery options (max_attempts, expires_at, proposed) do not count."""
+    differing = [
+        name
+        for name, asked, held in (
+            ("kind", request.kind.name, action.kind),
+            ("workspace_id", request.workspace_id, action.workspace_id),
+            ("lane_key", request.lane_key, action.lane_key),
+        )
+        if asked != held
+    ]
+    if action.ended_at is None and not _same_json(_as_stored(request.payload_json), action.payload):
+        differing.append("payload")
+    if request.subject_account_id != action.subject_account_id:
+        differing.append("subject_account_id")
+    return tuple(differing)
+
+
+def _reused(request: ValidRequest, action: Action) -> Action:
+    """`action`, which held the request's key before this request: as it is, with the fields that differ."""
+    differing = differing_fields(request, action)
+    if differing:
+        log.warning(
+            "enqueue: idempotency key %r (kind %s) already holds action %d, whose %s differ from this request;"
+            " the first action is returned unchanged",
+            request.idempotency_key,
+            request.kind.name,
+            action.id,
+            ", ".join(differing),
+        )
+    return replace(action, created=False, differing_fields=differing)
+
+
+def _returned(valid: list[ValidRequest], by_key: dict[str, Action]) -> list[Action]:
+    """Each request's action in request order: as inserted for the request that created it, as reused for
+    every other (an earlier action, or an earlier request of the batch, held its key)."""
+    returned = []
+    seen: set[str] = set()
+    for request in valid:
+        action = by_key[request.idempotency_key]
+        created_by_it = action.created is True and request.idempotency_key not in seen
+        returned.append(action if created_by_it else _reused(request, action))
+        seen.add(request.idempotency_key)
+    return returned
+
+
+# -- enqueue
 
 
 def enqueue_many(conn: SyncConnection, requests: Sequence[ActionRequest]) -> list[Action]:
     """Insert the actions in the caller's transaction, in one round trip; return them in request order.
 
     Every request is checked first: one refusal (InvalidRequest naming `requests[i].<field>`) writes nothing.
-    A key repeated in the batch, or held by an earlier action, returns that first action. Actions of one
-    lane run in the order given."""
+    A key repeated in the batch, or held by an earlier action, returns that first action (`created` False,
+    `differing_fields` naming what this request holds otherwise). Actions of one lane run in the order given."""
     valid = _valid(requests)
     if not valid:
         return []
@@ -71,7 +172,7 @@ def enqueue_many(conn: SyncConnection, requests: Sequence[ActionRequest]) -> lis
     if missing:
         raced = run(conn, store.actions_by_key(missing))
         by_key = by_key | raced
-    return [by_key[v.idempotency_key] for v in valid]
+    return _returned(valid, by_key)
 
 
 async def enqueue_many_async(conn: AsyncConn, requests: Sequence[ActionRequest]) -> list[Action]:
@@ -83,16 +184,17 @@ async def enqueue_many_async(conn: AsyncConn, requests: Sequence[ActionRequest])
     if missing:
         raced = await run_async(conn, store.actions_by_key(missing))
         by_key = by_key | raced
-    return [by_key[v.idempotency_key] for v in valid]
+    return _returned(valid, by_key)
 
 
 def enqueue(conn: SyncConnection, request: ActionRequest) -> Action:
-    """Insert the action in the caller's transaction; return it, or the first one with the same key."""
+    """Insert the action in the caller's transaction and return it (`created` True); or return the first one
+    with the same key, unchanged (`created` False, `differing_fields` naming what this request holds otherwise)."""
     valid = [validate(request)]
     by_key, missing = _found(valid, run(conn, store.insert_actions(valid)), many=False)
     if missing:
         by_key = run(conn, store.actions_by_key(missing))
-    return by_key[valid[0].idempotency_key]
+    return _returned(valid, by_key)[0]
 
 
 async def enqueue_async(conn: AsyncConn, request: ActionRequest) -> Action:
@@ -101,7 +203,22 @@ async def enqueue_async(conn: AsyncConn, request: ActionRequest) -> Action:
     by_key, missing = _found(valid, await run_async(conn, store.insert_actions(valid)), many=False)
     if missing:
         by_key = await run_async(conn, store.actions_by_key(missing))
-    return by_key[valid[0].idempotency_key]
+    return _returned(valid, by_key)[0]
+
+
+def held_action(conn: SyncConnection, request: ActionRequest) -> Action | None:
+    """The action that already holds the request's idempotency key, as `enqueue` would return it (`created`
+    False, the differing fields noted and logged); None when none does. Inserts nothing."""
+    valid = validate(request)
+    held = run(conn, store.actions_by_key([valid.idempotency_key]))
+    return _reused(valid, held[valid.idempotency_key]) if held else None
+
+
+async def held_action_async(conn: AsyncConn, request: ActionRequest) -> Action | None:
+    """`held_action` for an `AsyncConnection`, an `AsyncSession` or a psycopg `AsyncConnection`."""
+    valid = validate(request)
+    held = await run_async(conn, store.actions_by_key([valid.idempotency_key]))
+    return _reused(valid, held[valid.idempotency_key]) if held else None
 
 
 def _decide(conn: SyncConnection, statement: TextClause, action_id: int, wanted: str) -> Action:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Generic, TypeVar
 
@@ -37,17 +37,30 @@ ACTION_COLUMNS = (
 # ---- enqueue and proposals ----------------------------------------------------------------------
 
 DATABASE_NOW = text("SELECT clock_timestamp() AS now")
+_NO_ACTION = ", ".join("NULL" for _ in ACTION_COLUMNS.split(","))
 
-# Many actions in one statement, in the order given (a lane runs in id order). A repeated idempotency key
-# inserts nothing: the statement also returns the rows that held the key before it began; a racing
-# duplicate waits for the first to commit, and its row is read by `SELECT_ACTIONS_BY_KEY` (a new snapshot).
-# If any expires_at has passed on the database clock, nothing is inserted and the first such one returns.
+# Many actions in one statement, in the order given (a lane runs in id order). It inserts nothing when a
+# kind of the batch has no row in agent_action_kind or a row that declares it otherwise than the code does
+# (`:kinds`: each kind of the batch as the code declares it), and returns those kinds with their rows; nor
+# when an expires_at has passed on the database clock, and returns the first such one. So neither the
+# foreign key nor the guard refuses it, and the caller's transaction stays usable. A repeated idempotency
+# key inserts nothing: the statement also returns the rows that held the key before it began (`created`
+# false); a racing duplicate waits for the first to commit, and its row is read by `SELECT_ACTIONS_BY_KEY`
+# (a new snapshot).
 INSERT_ACTIONS = text(f"""
 WITH input AS MATERIALIZED (
     SELECT r->>0 AS kind, (r->>1)::bigint AS workspace_id, r->>2 AS lane_key, r->>3 AS idempotency_key,
            r->>4 AS payload, (r->>5)::bigint AS subject_account_id, (r->>6)::int AS max_attempts,
            (r->>7)::timestamptz AS expires_at, r->>8 AS state, position
       FROM jsonb_array_elements(CAST(:requests AS jsonb)) WITH ORDINALITY AS i (r, position)
+), undeclared AS MATERIALIZED (
+    SELECT d->>0 AS kind,
+           CASE WHEN k.name IS NOT NULL THEN jsonb_build_object('at_most_once', k.at_most_once,
+                'instance_level', k.instance_level, 'workspace_level', k.workspace_level) END AS kind_row
+      FROM jsonb_array_elements(CAST(:kinds AS jsonb)) AS d
+      LEFT JOIN agent_action_kind AS k ON k.name = d->>0
+     WHERE (k.at_most_once, k.instance_level, k.workspace_level)
+           IS DISTINCT FROM ((d->>1)::boolean, (d->>2)::boolean, (d->>3)::boolean)
 ), expired AS MATERIALIZED (
     SELECT position, clock_timestamp() AS database_now FROM input
      WHERE expires_at <= clock_timestamp() ORDER BY position LIMIT 1
@@ -56,16 +69,20 @@ WITH input AS MATERIALIZED (
                               subject_account_id, max_attempts, expires_at, state)
     SELECT kind, workspace_id, lane_key, idempotency_key, CAST(payload AS jsonb),
            subject_account_id, max_attempts, expires_at, state
-      FROM input WHERE NOT EXISTS (SELECT FROM expired) ORDER BY position
+      FROM input WHERE NOT EXISTS (SELECT FROM undeclared) AND NOT EXISTS (SELECT FROM expired) ORDER BY position
     ON CONFLICT (idempotency_key) DO NOTHING
     RETURNING {ACTION_COLUMNS}
 )
-SELECT NULL::bigint AS expired_position, NULL::timestamptz AS database_now, {ACTION_COLUMNS} FROM inserted
+SELECT true AS created, NULL::text AS undeclared_kind, NULL::jsonb AS kind_row, NULL::bigint AS expired_position,
+       NULL::timestamptz AS database_now, {ACTION_COLUMNS} FROM inserted
 UNION ALL
-SELECT NULL, NULL, {ACTION_COLUMNS} FROM agent_action
- WHERE idempotency_key = ANY (ARRAY(SELECT idempotency_key FROM input)) AND NOT EXISTS (SELECT FROM expired)
+SELECT false, NULL, NULL, NULL, NULL, {ACTION_COLUMNS} FROM agent_action
+ WHERE idempotency_key = ANY (ARRAY(SELECT idempotency_key FROM input))
+   AND NOT EXISTS (SELECT FROM undeclared) AND NOT EXISTS (SELECT FROM expired)
 UNION ALL
-SELECT position, database_now, {", ".join("NULL" for _ in ACTION_COLUMNS.split(","))} FROM expired
+SELECT NULL, kind, kind_row, NULL, NULL, {_NO_ACTION} FROM undeclared
+UNION ALL
+SELECT NULL, NULL, NULL, position, database_now, {_NO_ACTION} FROM expired
 """)
 SELECT_ACTIONS_BY_KEY = text(
     f"SELECT {ACTION_COLUMNS} FROM agent_action WHERE idempotency_key = ANY (CAST(:keys AS text[]))"
@@ -84,10 +101,13 @@ class Query(Generic[T]):
 
 @dataclass(frozen=True)
 class Inserted:
-    """What INSERT_ACTIONS found: the actions by idempotency key (inserted now, or there before), or the
-    position (from 0) of the first request whose expires_at had passed, with the database's clock."""
+    """What INSERT_ACTIONS found: the actions by idempotency key (inserted now, or there before); or, when it
+    inserted nothing, the kinds whose row in agent_action_kind is missing (None) or declares them otherwise
+    (the row's three flags), and the position (from 0) of the first request whose expires_at had passed,
+    with the database's clock."""
 
     by_key: dict[str, Action]
+    undeclared_kinds: dict[str, dict[str, bool] | None] = field(default_factory=dict)
     expired: tuple[int, datetime] | None = None
 
 
@@ -107,25 +127,33 @@ def insert_actions(requests: Sequence[ValidRequest]) -> Query[Inserted]:
         ]
         for r in requests
     ]
+    kinds = [[k.name, k.at_most_once, k.instance_level, k.workspace_level] for k in {r.kind for r in requests}]
     # one JSON parameter, however many requests: Python encodes it in C
-    params = {"requests": json.dumps(rows)}
+    params = {"requests": json.dumps(rows), "kinds": json.dumps(kinds)}
     return Query(INSERT_ACTIONS, params, _inserted)
 
 
 def _inserted(rows: list[dict[str, Any]]) -> Inserted:
+    undeclared: dict[str, dict[str, bool] | None] = {}
+    expired = None
     for row in rows:
-        if row["expired_position"] is not None:
-            return Inserted({}, (row["expired_position"] - 1, row["database_now"]))
-    return Inserted(_by_key(rows))
+        if row["undeclared_kind"] is not None:
+            undeclared[row["undeclared_kind"]] = row["kind_row"]
+        elif row["expired_position"] is not None:
+            expired = (row["expired_position"] - 1, row["database_now"])
+    if undeclared or expired is not None:
+        return Inserted({}, undeclared, expired)
+    return Inserted({row["idempotency_key"]: Action.from_row(row, created=row["created"]) for row in rows})
 
 
 def actions_by_key(keys: Sequence[str]) -> Query[dict[str, Action]]:
-    """The actions that hold `keys`, read in a new snapshot (after a racing duplicate committed)."""
+    """The actions that hold `keys` (none created by this call), read in a new snapshot: after a racing
+    duplicate committed, or for a request that will not be inserted."""
     return Query(SELECT_ACTIONS_BY_KEY, {"keys": list(keys)}, _by_key)
 
 
 def _by_key(rows: list[dict[str, Any]]) -> dict[str, Action]:
-    return {row["idempotency_key"]: Action.from_row(row) for row in rows}
+    return {row["idempotency_key"]: Action.from_row(row, created=False) for row in rows}
 
 
 SELECT_ACTION = text(f"SELECT {ACTION_COLUMNS} FROM agent_action WHERE id = :id")
