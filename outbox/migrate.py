@@ -4,6 +4,14 @@
     upgrade_sql("base:head") ──▶ the same revisions rendered as SQL, no database touched
     current(conn), head() ──▶ `outbox db current` and `outbox db check`
     downgrade(conn) ──▶ refused while actions have not ended, unless forced
+    declare_kinds(op, kinds) ──▶ each kind's row in `agent_action_kind` upserted (step 2 of "Add a kind")
+    forget_kinds(op, kinds) ──▶ the rows deleted; refused while actions of the kinds exist
+
+`conn` is a SQLAlchemy Connection, or a psycopg 3 connection (Django's, in a `RunPython` migration): for
+the latter SQLAlchemy runs on it through a stand-in that leaves its transaction to the caller (its commit,
+rollback and close do nothing). Called from a revision of an application's own Alembic run, outbox's
+inner Alembic run installs its own `alembic.context` and `alembic.op` and removes them when it ends;
+the caller's are put back, so the application's run carries on with its own.
 
 outbox records its revision in `outbox_alembic_version`, never in Alembic's default `alembic_version`, so
 it shares a database with an application's own Alembic history and never reads or changes it. The
@@ -15,17 +23,25 @@ succeed: the second waits, then finds the schema current.
 from __future__ import annotations
 
 import io
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any, Protocol
 
+import alembic.context
+import alembic.op
+import psycopg
 from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from alembic.util.exc import CommandError
-from sqlalchemy import Connection, text
+from sqlalchemy import Connection, StaticPool, create_engine, text
 
+from outbox.caller import _check_transaction
 from outbox.errors import OutboxError
+from outbox.kinds import PRODUCTION_KINDS, ActionKind
+from outbox.store import UPSERT_KIND
 from outbox.store_ops import STORE_EXISTS
 
 VERSION_TABLE = "outbox_alembic_version"
@@ -55,6 +71,16 @@ CREATE TABLE {VERSION_TABLE} (
     text("DROP TABLE alembic_version"),
 )
 UNENDED_ACTIONS = text("SELECT count(*) FROM agent_action WHERE ended_at IS NULL")
+KIND_TABLE_EXISTS = text("SELECT to_regclass('agent_action_kind') IS NOT NULL")
+# the kinds' rows locked first: an enqueue of one of them (its foreign key check) waits, or is waited for
+LOCK_KIND_ROWS = text("SELECT name FROM agent_action_kind WHERE name = ANY (:names) FOR UPDATE")
+ACTIONS_OF_KINDS = text("""
+SELECT kind, count(*) AS actions, count(*) FILTER (WHERE ended_at IS NULL) AS unended
+  FROM agent_action WHERE kind = ANY (:names) GROUP BY kind ORDER BY kind
+""")
+DELETE_KIND_ROWS = text("DELETE FROM agent_action_kind WHERE name = ANY (:names)")
+
+DatabaseConnection = Connection | psycopg.Connection[Any]
 
 
 class MigrationRefused(OutboxError):
@@ -68,11 +94,78 @@ def _config(connection: Connection | None = None) -> Config:
     return config
 
 
+@contextmanager
+def _callers_alembic_kept() -> Iterator[None]:
+    """`alembic.context` and `alembic.op` as they were before: the proxies of the Alembic run that called
+    outbox (an application's revision), or none. Alembic installs its own for outbox's run and removes
+    them when that run ends, which would leave the application's run without its own."""
+    modules = (alembic.context, alembic.op)
+    callers = [getattr(module, "_proxy", None) for module in modules]
+    try:
+        yield
+    finally:
+        for module, callers_proxy in zip(modules, callers, strict=True):
+            left = getattr(module, "_proxy", None)
+            if left is callers_proxy:
+                continue
+            if left is not None:  # outbox's, left behind by a revision that raised
+                left._remove_proxy()
+            if callers_proxy is not None:
+                callers_proxy._install_proxy()
+
+
 def _run(action: str, run: Callable[[], None]) -> None:
     try:
-        run()
+        with _callers_alembic_kept():
+            run()
     except CommandError as error:
         raise MigrationRefused(f"{action}: {error}") from None
+
+
+class _CallersTransaction:
+    """The DBAPI connection SQLAlchemy sees over a caller's psycopg connection: every statement goes to
+    the caller's connection; its transaction, and the connection itself, stay the caller's."""
+
+    def __init__(self, connection: psycopg.Connection[Any]) -> None:
+        self._connection = connection
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._connection, name)
+
+    def commit(self) -> None:
+        """The caller commits."""
+
+    def rollback(self) -> None:
+        """The caller rolls back (an error reaches the caller, whose transaction then fails)."""
+
+    def close(self) -> None:
+        """The caller closes its connection."""
+
+
+@contextmanager
+def _sqlalchemy(connection: DatabaseConnection) -> Iterator[Connection]:
+    """`connection` as a SQLAlchemy Connection, inside the caller's transaction."""
+    if isinstance(connection, Connection):
+        yield connection
+        return
+    if not isinstance(connection, psycopg.Connection):
+        raise TypeError(
+            f"outbox migrates on a SQLAlchemy Connection or a psycopg Connection, not a {type(connection).__name__}"
+        )
+    _check_transaction(connection)
+    callers = _CallersTransaction(connection)
+    engine = create_engine(
+        "postgresql+psycopg://",
+        creator=lambda: callers,
+        poolclass=StaticPool,
+        pool_reset_on_return=None,
+        use_native_hstore=False,  # nothing registered on the caller's connection
+    )
+    try:
+        with engine.begin() as bound:
+            yield bound
+    finally:
+        engine.dispose()
 
 
 def _earlier_revision(connection: Connection) -> str | None:
@@ -95,9 +188,10 @@ def prepare(connection: Connection) -> None:
             connection.execute(statement)
 
 
-def upgrade(connection: Connection, revision: str = "head") -> None:
+def upgrade(connection: DatabaseConnection, revision: str = "head") -> None:
     """Migrate the database on `connection` up to `revision`, inside the connection's transaction."""
-    _run(f"cannot upgrade to {revision!r}", lambda: command.upgrade(_config(connection), revision))
+    with _sqlalchemy(connection) as bound:
+        _run(f"cannot upgrade to {revision!r}", lambda: command.upgrade(_config(bound), revision))
 
 
 def upgrade_sql(revisions: str = "base:head") -> str:
@@ -110,9 +204,14 @@ def upgrade_sql(revisions: str = "base:head") -> str:
     return buffer.getvalue()
 
 
-def downgrade(connection: Connection, revision: str = "base", *, force: bool = False) -> None:
+def downgrade(connection: DatabaseConnection, revision: str = "base", *, force: bool = False) -> None:
     """Migrate down to `revision`; `base` removes every object outbox created. Refused while actions
     have not ended (they would be lost, or their revision's objects with them), unless `force`."""
+    with _sqlalchemy(connection) as bound:
+        _downgrade(bound, revision, force=force)
+
+
+def _downgrade(connection: Connection, revision: str, *, force: bool) -> None:
     store = connection.execute(STORE_EXISTS).scalar_one()
     unended = int(connection.execute(UNENDED_ACTIONS).scalar_one()) if store else 0
     if unended and not force:
@@ -139,3 +238,75 @@ def head() -> str:
     revision = ScriptDirectory.from_config(_config()).get_current_head()
     assert revision is not None
     return revision
+
+
+class AlembicOperations(Protocol):
+    """What outbox uses of Alembic's `op` (the module, or an `Operations` object) inside a revision."""
+
+    def get_bind(self) -> Connection: ...
+
+
+def _bound(target: AlembicOperations | DatabaseConnection) -> DatabaseConnection:
+    return target if isinstance(target, Connection | psycopg.Connection) else target.get_bind()
+
+
+def _chosen(kinds: Iterable[ActionKind]) -> tuple[ActionKind, ...]:
+    chosen = tuple(kinds)
+    for kind in chosen:
+        if not isinstance(kind, ActionKind):
+            raise TypeError(f"kinds are ActionKind values (from ActionKind.register), not {kind!r}")
+    return chosen
+
+
+def _require_kind_table(connection: Connection, action: str) -> None:
+    if not connection.execute(KIND_TABLE_EXISTS).scalar_one():
+        raise MigrationRefused(
+            f"{action}: agent_action_kind does not exist; run outbox's revisions (0007 or later) first,"
+            " in an earlier revision"
+        )
+
+
+def declare_kinds(target: AlembicOperations | DatabaseConnection, kinds: Iterable[ActionKind]) -> None:
+    """Step 2 of "Add a kind": each kind's row in `agent_action_kind` is inserted, or updated to the
+    kind's declaration (a row that already says so is left alone). `target` is Alembic's `op` inside a
+    revision that runs after outbox's own, or a connection (SQLAlchemy or psycopg) inside its transaction.
+    Kinds not given keep their rows."""
+    chosen = _chosen(kinds)
+    if not chosen:
+        return
+    with _sqlalchemy(_bound(target)) as connection:
+        _require_kind_table(connection, "cannot declare kinds")
+        connection.execute(
+            UPSERT_KIND,
+            [
+                {
+                    "name": kind.name,
+                    "at_most_once": kind.at_most_once,
+                    "instance_level": kind.instance_level,
+                    "workspace_level": kind.workspace_level,
+                }
+                for kind in chosen
+            ],
+        )
+
+
+def forget_kinds(target: AlembicOperations | DatabaseConnection, kinds: Iterable[ActionKind]) -> None:
+    """The downgrade of `declare_kinds`: the kinds' rows are deleted. Refused while any action of one of
+    them is left, ended or not (the retention purge deletes ended ones), and for outbox's own kinds."""
+    names = sorted({kind.name for kind in _chosen(kinds)})
+    own = [name for name in names if name in PRODUCTION_KINDS]
+    if own:
+        raise MigrationRefused(f"cannot forget {', '.join(own)}: outbox's revisions declare it, and remove it")
+    if not names:
+        return
+    with _sqlalchemy(_bound(target)) as connection:
+        _require_kind_table(connection, "cannot forget kinds")
+        connection.execute(LOCK_KIND_ROWS, {"names": names})
+        left = connection.execute(ACTIONS_OF_KINDS, {"names": names}).all()
+        if left:
+            counts = "; ".join(f"{row.kind}: {row.actions:,} actions, {row.unended:,} not ended" for row in left)
+            raise MigrationRefused(
+                f"cannot forget kinds while actions of them are left ({counts}). Let them end and the retention"
+                " purge delete them (or delete them), then downgrade again"
+            )
+        connection.execute(DELETE_KIND_ROWS, {"names": names})

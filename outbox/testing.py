@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy import Connection, text
 
-from outbox import store
+from outbox import migrate, store
 from outbox.kinds import ActionKind
 
 if TYPE_CHECKING:  # the executor loads with `drain`, not with `declared_kinds` (the operator commands use it)
@@ -51,22 +51,9 @@ def declared_kinds(conn: Connection) -> DeclaredKinds:
 
 def install_kinds(conn: Connection, kinds: Iterable[ActionKind] | None = None) -> None:
     """Step 2 of "Add a kind" for every registered kind (or `kinds`), applied to this database: each kind's
-    row is inserted, or updated to the kind's declaration. Kinds not given keep their rows."""
-    chosen = tuple(kinds) if kinds is not None else ActionKind.all()
-    if not chosen:
-        return
-    conn.execute(
-        store.UPSERT_KIND,
-        [
-            {
-                "name": k.name,
-                "at_most_once": k.at_most_once,
-                "instance_level": k.instance_level,
-                "workspace_level": k.workspace_level,
-            }
-            for k in chosen
-        ],
-    )
+    row is inserted, or updated to the kind's declaration (`outbox.migrate.declare_kinds`). Kinds not given
+    keep their rows."""
+    migrate.declare_kinds(conn, ActionKind.all() if kinds is None else kinds)
 
 
 async def drain(

@@ -24,7 +24,9 @@ ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 PAGES = [README, *sorted((ROOT / "docs").glob("*.md"))]
 EXAMPLE = re.compile(r"<!-- example: ([\w-]+) -->\n```python\n(.*?)```", re.S)
-TESTED_EXAMPLES = {"enqueue", "adapter", "email", "retention", "alembic-revision", "readback-adapter"}
+# the migration examples run in tests/test_migration_history.py, through the alembic and manage.py commands
+MIGRATION_EXAMPLES = {"alembic-revision", "django-migration", "kind-declaration", "kind-revision"}
+TESTED_EXAMPLES = {"enqueue", "adapter", "email", "retention", "readback-adapter", *MIGRATION_EXAMPLES}
 
 
 def page_name(page: Path) -> str:
