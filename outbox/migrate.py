@@ -141,6 +141,9 @@ class _CallersTransaction:
     def close(self) -> None:
         """The caller closes its connection."""
 
+    def add_notice_handler(self, handler: Callable[[psycopg.errors.Diagnostic], None]) -> None:
+        """SQLAlchemy's logging of server notices is left off the caller's connection: it would stay there."""
+
 
 @contextmanager
 def _sqlalchemy(connection: DatabaseConnection) -> Iterator[Connection]:
@@ -304,7 +307,7 @@ def forget_kinds(target: AlembicOperations | DatabaseConnection, kinds: Iterable
         connection.execute(LOCK_KIND_ROWS, {"names": names})
         left = connection.execute(ACTIONS_OF_KINDS, {"names": names}).all()
         if left:
-            counts = "; ".join(f"{row.kind}: {row.actions:,} actions, {row.unended:,} not ended" for row in left)
+            counts = "; ".join(f"{row.kind}: {row.actions:,} left, {row.unended:,} not ended" for row in left)
             raise MigrationRefused(
                 f"cannot forget kinds while actions of them are left ({counts}). Let them end and the retention"
                 " purge delete them (or delete them), then downgrade again"

@@ -328,7 +328,7 @@ def test_alembic_runs_outbox_s_revisions_and_kinds_inside_the_application_s_hist
 
         refused = run(alembic, "downgrade", "base", cwd=alembic_project, env=env)
         assert refused.returncode == 1
-        assert "cannot forget kinds while actions of them are left (SMS: 1 actions, 1 not ended)" in refused.stderr
+        assert "cannot forget kinds while actions of them are left (SMS: 1 left, 1 not ended)" in refused.stderr
         with engine.begin() as conn:  # the whole downgrade rolled back, the application's step included
             assert rows(conn, "SELECT id, phone FROM account") == [(1, "+15550100")]
             assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar_one() == CONTACT_REVISION
@@ -419,13 +419,15 @@ def test_kinds_are_declared_only_after_outbox_s_revisions(empty_database_url: st
 
 
 def test_a_caller_s_sql_is_kept_by_the_psycopg_path(empty_database_url: str) -> None:
-    """outbox commits and rolls back nothing on the caller's psycopg connection: the caller's rollback
-    takes outbox's revisions with it, the caller's commit keeps them."""
+    """outbox commits, rolls back and changes nothing on the caller's psycopg connection: the caller's
+    rollback takes outbox's revisions with it, the caller's commit keeps them."""
     url = libpq(empty_database_url)
     with psycopg.connect(url) as conn:
         conn.execute("CREATE TABLE mine (id int)")
+        handlers = list(conn._notice_handlers)
         migrate.upgrade(conn)
         assert conn.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS
+        assert conn._notice_handlers == handlers, "the caller's connection is left as it was"
         conn.rollback()
         assert conn.execute("SELECT to_regclass('agent_action'), to_regclass('mine')").fetchone() == (None, None)
         conn.rollback()
