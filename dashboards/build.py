@@ -213,10 +213,23 @@ def overview() -> dashboard.Dashboard:
         )
         .with_panel(
             graph(
-                "Oldest due action", "s", Query(f"max by (kind) (outbox_oldest_due_age_seconds{{{KIND}}})", "{{kind}}")
+                "Oldest due action",
+                "s",
+                Query(f"max by (kind) (outbox_oldest_due_age_seconds{{{KIND}}})", "{{kind}}"),
+                description="How long the oldest action an executor could claim now has waited to be claimed.",
             )
         )
-        .with_panel(graph("Due actions", "short", Query(f"sum by (kind) (outbox_due_actions{{{KIND}}})", "{{kind}}")))
+        .with_panel(
+            graph(
+                "Due actions, and those waiting for their lane",
+                "short",
+                Query(f"sum by (kind) (outbox_due_actions{{{KIND}}})", "{{kind}} due"),
+                Query(f"sum by (kind) (outbox_lane_waiting_actions{{{KIND}}})", "{{kind}} waiting for their lane"),
+                description="Due: what an executor could claim now (lane heads with nothing of their lane executing,"
+                " expired leases to take back). Waiting for their lane: due actions behind their lane's head (in a"
+                " backoff, PROPOSED) or behind its executing action; they start in lane order.",
+            )
+        )
         .with_panel(
             graph(
                 "Lanes with a backlog, and the deepest lane",
@@ -336,8 +349,9 @@ ALERTS = [
         "5m",
         "page",
         "{{ $labels.kind }} actions have waited more than 15 minutes",
-        "The oldest due action has not been claimed for 15 minutes: executors are down, too few, or a lane is "
-        "stuck. `outbox status` and `outbox lanes` show where.",
+        "An action an executor could claim has not been claimed for 15 minutes: executors are down, too few, "
+        "or none carries this kind (actions waiting behind their lane's head do not count). `outbox status` "
+        "shows whether executors run and leases expire.",
         "backlog",
     ),
     Alert(

@@ -7,23 +7,35 @@ the rule's `for` period and a few minutes more, applies its expressions and Graf
 the test asserts Alerting for the firing scenario, Normal for the quiet one, and, where no series exists at
 all (an exporter gone, a target lost), the state the rule's `noDataState` chose. The Prometheus rules are
 proven on the same scenarios by `promtool test rules` (tests/test_dashboards.py, tests/promtool/).
+
+The backlog alert is also proven on series the real collector read from a real database, minute by minute,
+while its clock moves on (every due time of the unended actions moved a minute back): one kind's lane waits
+out its head's backoff with due actions behind the head, another kind's head is due and nothing claims it.
+Both the Grafana rule and the Prometheus rule (`promtool test rules` on the recorded series) are run on them.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import shutil
 import subprocess
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from sqlalchemy import Engine, text
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from dashboards import build
-from tests import grafana_rules
+from outbox.executor import ActionAttempt, Executor, Result, Retry
+from tests import grafana_rules, kinds, test_metrics
+from tests.adapters import ScriptedAdapter
 from tests.support import until
 from tests.test_dashboards import _answers, free_port
+from tests.test_executor_results import enqueue
 
 Scenario = dict[str, Callable[[int], float]]  # series ──▶ its value at each minute (-180 … 0) of the window
 
@@ -122,10 +134,16 @@ def openmetrics() -> str:
 
 @pytest.fixture(scope="module")
 def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    with serving(openmetrics(), tmp_path_factory.mktemp("alerts")) as url:
+        yield url
+
+
+@contextlib.contextmanager
+def serving(samples_text: str, home: Path) -> Iterator[str]:
+    """A real Prometheus serving a TSDB made from `samples_text` (OpenMetrics) in `home`; its URL."""
     promtool, binary = shutil.which("promtool"), shutil.which("prometheus")
     assert promtool and binary, "promtool or prometheus is missing: .ci/run installs Debian's prometheus"
-    home = tmp_path_factory.mktemp("alerts")
-    (home / "scenarios.om").write_text(openmetrics())
+    (home / "scenarios.om").write_text(samples_text)
     made = subprocess.run(
         [promtool, "tsdb", "create-blocks-from", "openmetrics", str(home / "scenarios.om"), str(home / "data")],
         capture_output=True,
@@ -211,3 +229,108 @@ def test_a_comparison_inside_the_query_never_fires_under_a_gt_0_threshold(promet
     rule["data"][0]["model"]["expr"] = "sum(outbox_executors) == 0"
     rule["data"][1]["model"]["conditions"][0]["evaluator"] = {"type": "gt", "params": [0.0]}
     assert run(rule, prometheus, window_end("OutboxExecutorsDown", firing=True)) == "Normal"
+
+
+# ---- the backlog alert on what the collector reads from a real database --------------------------------
+
+BACKOFF_KIND, STUCK_KIND = kinds.NOOP.name, kinds.READBACK.name
+BACKLOG_SERIES = ("outbox_oldest_due_age_seconds", "outbox_due_actions", "outbox_lane_waiting_actions")
+RECORDED_MINUTES = 30
+MOVE_CLOCK_A_MINUTE = text(
+    "UPDATE agent_action SET due_at = due_at - interval '1 minute' WHERE state IN ('PROPOSED', 'ADMITTED')"
+)
+
+
+async def recorded_backlog(engine: Engine, aengine: AsyncEngine) -> dict[str, list[float]]:
+    """The collector's backlog series, one scrape per minute for RECORDED_MINUTES minutes and the last one.
+
+    TEST_NOOP: one lane, its head retried with a four-hour backoff (an executor ran it), four due actions
+    behind it. TEST_READBACK: one lane whose head is due, and no executor claims it (its executor is stuck).
+    """
+    for _ in range(5):
+        enqueue(engine, lane="backoff")
+
+    async def backoff(attempt: ActionAttempt) -> Result:
+        return Retry("rate limited", after=4 * 3600)
+
+    await Executor(aengine, [ScriptedAdapter(kinds.NOOP, backoff)], listen=False).run(until_idle=True)
+    enqueue(engine, lane="stuck", kind=kinds.READBACK, workspace_id=None)
+    recorded: dict[str, list[float]] = {}
+    for minute in range(RECORDED_MINUTES + 1):
+        if minute:
+            with engine.begin() as conn:
+                conn.execute(MOVE_CLOCK_A_MINUTE)
+        found = test_metrics.samples(test_metrics.scrape(engine))
+        for name in BACKLOG_SERIES:
+            for kind in (BACKOFF_KIND, STUCK_KIND):
+                recorded.setdefault(f'{name}{{kind="{kind}"}}', []).append(test_metrics.value(found, name, kind=kind))
+    return recorded
+
+
+def recorded_openmetrics(recorded: dict[str, list[float]], end: int) -> str:
+    lines = [
+        f"{series} {v:g} {end + (minute - RECORDED_MINUTES) * 60}"
+        for series in sorted(recorded, key=lambda s: s.split("{")[0])
+        for minute, v in enumerate(recorded[series])
+    ]
+    return "\n".join([*lines, "# EOF"]) + "\n"
+
+
+def promtool_case(recorded: dict[str, list[float]]) -> dict[str, Any]:
+    """A `promtool test rules` case on the recorded series: at the last minute only the stuck kind alerts."""
+    rule = next(
+        r
+        for g in yaml.safe_load(build.PROMETHEUS_RULES_FILE.read_text())["groups"]
+        for r in g["rules"]
+        if r["alert"] == "OutboxBacklogStale"
+    )
+    annotations = {k: v.replace("{{ $labels.kind }}", STUCK_KIND) for k, v in rule["annotations"].items()}
+    return {
+        "rule_files": [str(build.PROMETHEUS_RULES_FILE)],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": [
+                    {"series": series, "values": " ".join(f"{v:g}" for v in values)}
+                    for series, values in recorded.items()
+                ],
+                "alert_rule_test": [
+                    {
+                        "eval_time": f"{RECORDED_MINUTES}m",
+                        "alertname": "OutboxBacklogStale",
+                        "exp_alerts": [
+                            {"exp_labels": {**rule["labels"], "kind": STUCK_KIND}, "exp_annotations": annotations}
+                        ],
+                    }
+                ],
+            }
+        ],
+    }
+
+
+async def test_a_lane_behind_a_backoff_is_quiet_beside_a_kind_nothing_claims(
+    engine: Engine, aengine: AsyncEngine, tmp_path: Path
+) -> None:
+    recorded = await recorded_backlog(engine, aengine)
+    # what the database held throughout: the backoff lane's four due actions wait behind its head
+    assert set(recorded[f'outbox_lane_waiting_actions{{kind="{BACKOFF_KIND}"}}']) == {4}
+    assert set(recorded[f'outbox_due_actions{{kind="{BACKOFF_KIND}"}}']) == {0}
+    assert set(recorded[f'outbox_due_actions{{kind="{STUCK_KIND}"}}']) == {1}
+    assert_only_the_stuck_kind_alerts(recorded, tmp_path)
+
+
+def assert_only_the_stuck_kind_alerts(recorded: dict[str, list[float]], tmp_path: Path) -> None:
+    """The Grafana rule on a real Prometheus serving the recorded series, and the Prometheus rule in promtool."""
+    end = BASE + WINDOW
+    with serving(recorded_openmetrics(recorded, end), tmp_path) as url:
+        states = grafana_rules.evaluate(rules()["OutboxBacklogStale"], url, range(end - 20 * 60, end + 1, 60))
+    assert states == {(("kind", BACKOFF_KIND),): "Normal", (("kind", STUCK_KIND),): "Alerting"}
+
+    promtool = shutil.which("promtool")
+    assert promtool, "promtool is missing: .ci/run installs Debian's prometheus"
+    (tmp_path / "backlog.test.yml").write_text(yaml.safe_dump(promtool_case(recorded)))
+    checked = subprocess.run(
+        [promtool, "test", "rules", str(tmp_path / "backlog.test.yml")], capture_output=True, text=True
+    )
+    assert checked.returncode == 0, checked.stdout + checked.stderr
