@@ -105,6 +105,7 @@ def test_alerted_label_sets_exist_before_anything_happens(engine: Engine) -> Non
         assert value(found, "action_ended_total", kind="EMAIL", state="UNCERTAIN", reason=reason) == 0
     assert value(found, "action_attempts_total", kind="EMAIL", result="UNCERTAIN", recorded="true") == 0
     assert value(found, "outbox_oldest_due_age_seconds", kind="EMAIL") == 0
+    assert value(found, "outbox_lane_waiting_actions", kind="EMAIL") == 0
     assert value(found, "outbox_executors") == 0
     assert value(found, "outbox_purge_last_success_timestamp_seconds") > 0  # the install counts as a purge
 
