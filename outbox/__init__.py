@@ -13,6 +13,7 @@ from outbox.exports import lazy_names
 
 if TYPE_CHECKING:
     from outbox.action import Action
+    from outbox.db import psycopg_url
     from outbox.erasure import erase_account, erase_account_async
     from outbox.errors import ActionNotFound, InvalidRequest, OutboxError, TransitionRefused
     from outbox.intake import admit, cancel, enqueue, enqueue_async, enqueue_many, enqueue_many_async, refuse
@@ -39,6 +40,7 @@ _HOMES = {
     "enqueue_many_async": "outbox.intake",
     "erase_account": "outbox.erasure",
     "erase_account_async": "outbox.erasure",
+    "psycopg_url": "outbox.db",
     "refuse": "outbox.intake",
 }
 
@@ -60,6 +62,7 @@ __all__ = [
     "enqueue_many_async",
     "erase_account",
     "erase_account_async",
+    "psycopg_url",
     "refuse",
 ]
 

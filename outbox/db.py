@@ -62,7 +62,11 @@ def _parse(url: str) -> URL:
 
 
 def psycopg_url(url: str) -> str:
-    """The same database, through psycopg 3 (`postgres://` is read as `postgresql://`)."""
+    """The same database as `url`, as the SQLAlchemy URL of psycopg 3, the driver outbox uses
+    (`postgresql+psycopg://`), for the application's own `create_engine` or `create_async_engine`; exported
+    as `outbox.psycopg_url`. `postgres://`, `postgresql://` and any other PostgreSQL driver's URL are read as
+    the same database, its options kept; InvalidDatabaseUrl (a ValueError) for a URL that cannot be read or
+    names another database."""
     return _parse(url).render_as_string(hide_password=False)
 
 

@@ -98,9 +98,11 @@ def _as_stored(payload_json: str) -> Any:
 
 
 def _stored_number(number: str) -> float | int:
-    """`jsonb` writes a number given with a positive exponent (Python's form of a float of 1e16 or more) as
-    the integer it is."""
-    return int(Decimal(number)) if "e+" in number else float(number)
+    """A number as `jsonb` keeps it: one given with a positive exponent (Python's form of a float of 1e16 or
+    more) as the integer it is, and no negative zero."""
+    if "e+" in number:
+        return int(Decimal(number))
+    return float(number) or 0.0
 
 
 def _same_json(first: Any, second: Any) -> bool:
@@ -133,11 +135,11 @@ def _reused(request: ValidRequest, action: Action) -> Action:
     differing = differing_fields(request, action)
     if differing:
         log.warning(
-            "enqueue: idempotency key %r (kind %s) already holds action %d, whose %s differ from this request;"
+            "enqueue: idempotency key %r already holds action %d (kind %s), whose %s differ from this request;"
             " the first action is returned unchanged",
             request.idempotency_key,
-            request.kind.name,
             action.id,
+            action.kind,
             ", ".join(differing),
         )
     return replace(action, created=False, differing_fields=differing)

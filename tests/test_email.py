@@ -27,7 +27,15 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from examples.accounts import notices, schema
 from outbox import InvalidRequest
-from outbox.email import EmailAdapter, SmtpSettings, UnknownNotice, enqueue_email, message_id, notice_named
+from outbox.email import (
+    EmailAdapter,
+    SmtpSettings,
+    UnknownNotice,
+    enqueue_email,
+    enqueue_email_async,
+    message_id,
+    notice_named,
+)
 from outbox.email.adapter import READBACK_LIMIT, address_literal, is_public_name, readback_ref
 from outbox.email.sink import Faults, SmtpSink
 from outbox.executor import Executor
@@ -316,6 +324,41 @@ def test_a_notice_that_reaches_nobody_is_refused_at_enqueue(app: Engine) -> None
         conn.execute(text("UPDATE app_account SET email_verified = true WHERE id = 4"))
     with app.connect() as conn, pytest.raises(InvalidRequest, match="verify_address notice would reach nobody"):
         enqueue_email(conn, notices.VERIFY_ADDRESS, VERIFY)
+
+
+def test_a_retried_enqueue_email_returns_the_first_action_after_its_recipient_unsubscribed(
+    app: Engine, caplog: pytest.LogCaptureFixture
+) -> None:
+    with app.begin() as conn:
+        first = enqueue_email(conn, notices.VERIFY_ADDRESS, VERIFY)
+    with app.begin() as conn:
+        conn.execute(text("INSERT INTO app_unsubscription VALUES (4, 'verify_address')"))
+        conn.execute(text("UPDATE app_account SET email_verified = true WHERE id = 4"))
+    caplog.set_level(logging.DEBUG, logger="outbox")
+    with app.begin() as conn:
+        again = enqueue_email(conn, notices.VERIFY_ADDRESS, VERIFY)
+    assert again == first and (first.created, again.created, again.differing_fields) == (True, False, ())
+    assert not [r for r in caplog.records if r.name.startswith("outbox")]
+    with app.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM agent_action")).scalar_one() == 1
+    # a new key still reaches nobody
+    with app.connect() as conn, pytest.raises(InvalidRequest, match="verify_address notice would reach nobody"):
+        enqueue_email(conn, notices.VERIFY_ADDRESS, {**VERIFY, "request": 2})
+
+
+async def test_a_retried_enqueue_email_async_returns_the_first_action_when_it_reaches_nobody(
+    app: Engine, aengine: AsyncEngine, caplog: pytest.LogCaptureFixture
+) -> None:
+    first = enqueue(app, notices.WORKSPACE_ALERT, ALERT)
+    with app.begin() as conn:
+        conn.execute(text("DELETE FROM app_membership WHERE role = 'admin'"))
+    caplog.set_level(logging.DEBUG, logger="outbox")
+    async with aengine.begin() as conn:
+        again = await enqueue_email_async(conn, notices.WORKSPACE_ALERT, ALERT)
+        with pytest.raises(InvalidRequest, match="workspace_alert notice would reach nobody"):
+            await enqueue_email_async(conn, notices.WORKSPACE_ALERT, {**ALERT, "alert_id": 101})
+    assert (again.id, again.created, again.differing_fields) == (first, False, ())
+    assert not [r for r in caplog.records if r.name.startswith("outbox")]
 
 
 @pytest.mark.parametrize(

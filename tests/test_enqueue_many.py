@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -65,6 +66,25 @@ def test_a_repeated_key_in_the_batch_or_before_it_returns_the_first_action(engin
     assert actions[1] == earlier
     assert actions[2] == actions[0] and actions[0].payload == {"key": "new"}
     assert [key for _, _, key in rows(engine)] == ["old", "new"]
+    # only the first request of a new key created its action; the others say what they held otherwise
+    assert [(a.created, a.differing_fields) for a in actions] == [
+        (True, ()),
+        (False, ("payload",)),
+        (False, ("payload",)),
+    ]
+
+
+def test_each_request_of_a_reused_key_that_differs_is_logged_once(
+    engine: Engine, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="outbox")
+    with engine.begin() as conn:
+        outbox.enqueue(conn, request("old"))
+        caplog.clear()
+        outbox.enqueue_many(conn, [request("old"), request("old", lane="elsewhere"), request("new"), request("new")])
+    lines = [r for r in caplog.records if r.name.startswith("outbox")]
+    assert [(r.levelno, r.name) for r in lines] == [(logging.WARNING, "outbox.enqueue")]
+    assert "'old'" in lines[0].getMessage() and "lane_key differ" in lines[0].getMessage()
 
 
 def test_one_bad_request_writes_nothing_and_names_its_position(engine: Engine) -> None:
@@ -156,8 +176,11 @@ def test_every_batch_maps_each_key_to_its_first_action(
     assert [a.idempotency_key for a in actions] == [k for k, _ in batch]
     first_lane: dict[str, str] = {}
     for (key, lane), action in zip(batch, actions, strict=True):
+        created = key not in existing and key not in first_lane
         first_lane.setdefault(key, existing[key][1] if key in existing else lane)
         assert action.lane_key == first_lane[key]  # the first request (or row) with the key wins
+        assert action.created is created
+        assert action.differing_fields == (() if lane == first_lane[key] else ("lane_key",))
         if key in existing:
             assert action.id == existing[key][0]
     firsts = {a.idempotency_key: a.id for a in reversed(actions) if a.idempotency_key not in existing}

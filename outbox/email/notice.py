@@ -1,7 +1,8 @@
 """EmailNotice: one kind of email, prepared from its event at enqueue and again before every attempt.
 
     event (identifiers) ──recipients query──▶ rows (address, display_name) ──compose──▶ PreparedEmail
-    enqueue: nobody found ─▶ InvalidRequest          attempt: nobody found ─▶ CANCELLED / NOT_WANTED
+    enqueue: nobody found ─▶ the action its idempotency key holds, else InvalidRequest
+    attempt: nobody found ─▶ CANCELLED / NOT_WANTED
 
 A notice is declarative: a SQL query that finds who should receive it now (so a person who unsubscribed,
 lost the role or lost the address drops out), and a function that writes the text. The same query runs on
@@ -21,7 +22,7 @@ from outbox.action import Action
 from outbox.caller import AsyncConn, SyncConnection, fetch, fetch_async
 from outbox.email.message import Draft, PreparedEmail, Recipient
 from outbox.errors import InvalidRequest, OutboxError
-from outbox.intake import enqueue, enqueue_async
+from outbox.intake import enqueue, enqueue_async, held_action, held_action_async
 from outbox.kinds import ActionKind
 from outbox.requests import ActionRequest
 
@@ -145,20 +146,27 @@ def check_payload(payload: Any) -> None:
         raise InvalidRequest("payload.event", f"the {notice.name} notice cannot read it: {error!r}") from None
 
 
-def _refuse_nobody(notice: EmailNotice) -> InvalidRequest:
-    return InvalidRequest("event", f"the {notice.name} notice would reach nobody (no recipient wants it now)")
+def _held_or_nobody(notice: EmailNotice, held: Action | None) -> Action:
+    """The action the notice's key already holds; InvalidRequest when there is none."""
+    if held is None:
+        raise InvalidRequest("event", f"the {notice.name} notice would reach nobody (no recipient wants it now)")
+    return held
 
 
 def enqueue_email(conn: SyncConnection, notice: EmailNotice, event: dict[str, Any], **options: Any) -> Action:
-    """Prepare the notice now (refused if it reaches nobody) and enqueue it in the caller's transaction."""
+    """Prepare the notice now and enqueue it in the caller's transaction (see `outbox.enqueue`).
+
+    A notice that reaches nobody now is refused (InvalidRequest naming `event`), unless its idempotency key
+    already holds an action: that action is returned unchanged, as for any repeated key."""
     notice_named(notice.name)
     if notice.prepare(conn, event) is None:
-        raise _refuse_nobody(notice)
+        return _held_or_nobody(notice, held_action(conn, notice.request(event, **options)))
     return enqueue(conn, notice.request(event, **options))
 
 
 async def enqueue_email_async(conn: AsyncConn, notice: EmailNotice, event: dict[str, Any], **options: Any) -> Action:
+    """`enqueue_email` for an `AsyncConnection`, an `AsyncSession` or a psycopg `AsyncConnection`."""
     notice_named(notice.name)
     if await notice.prepare_async(conn, event) is None:
-        raise _refuse_nobody(notice)
+        return _held_or_nobody(notice, await held_action_async(conn, notice.request(event, **options)))
     return await enqueue_async(conn, notice.request(event, **options))
