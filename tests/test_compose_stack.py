@@ -35,7 +35,7 @@ The translation, every rule of it:
 
 Then: emails enqueued, a drain run started per worker (`prefect deployment run`, as the schedule's first
 tick is 300 s away), every email delivered exactly once; Prometheus reports the exporter up and loads the
-rules; the deployment stores the adapters and project directory; a restart of the one-shot steps keeps one
+rules; the deployment stores the adapters and names the flow by module; a restart of the one-shot steps keeps one
 zombie automation; the workers stop with their runs Completed.
 """
 
@@ -493,7 +493,7 @@ def test_the_compose_stack_drains_every_email_exactly_once(
     deployment = api(stack, "/deployments/name/outbox-drain/outbox-drain")
     expected_adapters = interpolate(services["deployments"]["environment"]["OUTBOX_ADAPTERS"])
     assert deployment["parameters"]["adapters"] == expected_adapters != ""
-    assert deployment["pull_steps"] == [{"prefect.deployments.steps.set_working_directory": {"directory": str(ROOT)}}]
+    assert deployment["entrypoint"] == "outbox_flows.drain:drain" and not deployment["pull_steps"]
     environment = interpolate(services["worker"]["environment"]["OUTBOX_ENVIRONMENT"])
     assert any(f"env:{environment}" in run["tags"] for run in drain_runs(stack)), "no run is tagged env:"
 

@@ -80,7 +80,7 @@ def test_the_compose_workers_find_everything_the_deployment_needs() -> None:
     # every variable deploy/prefect.yaml reads at deploy time is given, and not empty
     prefect_file = (DEPLOY / "prefect.yaml").read_text()
     read = set(re.findall(r"\{\{ \$(\w+) \}\}", prefect_file))
-    assert read == {"OUTBOX_ADAPTERS", "OUTBOX_PROJECT_DIR"}
+    assert read == {"OUTBOX_ADAPTERS"}
     deployments = services["deployments"]
     given = {name: default(str(value)) for name, value in deployments["environment"].items()}
     assert all(given.get(name) for name in read), f"the deployments step leaves some of {read} empty"
@@ -88,10 +88,11 @@ def test_the_compose_workers_find_everything_the_deployment_needs() -> None:
     assert "${OUTBOX_ADAPTERS:-" in deployments["environment"]["OUTBOX_ADAPTERS"], "a user can name their adapters"
     dockerfile = (DEPLOY / "Dockerfile").read_text()
     workdir = re.search(r"^WORKDIR (\S+)", dockerfile, re.MULTILINE)
-    assert workdir and given["OUTBOX_PROJECT_DIR"] == workdir.group(1) == deployments["working_dir"]
-    # the files the steps read are in the image
+    assert workdir and deployments["working_dir"] == workdir.group(1)
+    # the files the steps read are in the image, and the flow runs import the example's adapters from it
     copied = set(re.findall(r"^COPY (\S+) ", dockerfile, re.MULTILINE))
     assert "deploy" in copied and "flows" in copied and "examples" in copied
+    assert services["worker"]["environment"]["PYTHONPATH"] == workdir.group(1)
 
     # the workers: `outbox worker` (the image's entrypoint is outbox), stopped after its grace
     worker = services["worker"]

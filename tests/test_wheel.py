@@ -3,11 +3,17 @@
 Built from this tree, installed without extras into a fresh virtualenv (no repository on its path), it
 migrates a real database, and an application module written here enqueues an action of its own kind and
 carries it out with `outbox run`: the action ends DONE.
+
+Installed with the `prefect` extra into another fresh virtualenv, it deploys from an empty folder with the
+documented commands (`outbox prefect files`, then Prefect's own CLI) on a real Prefect server: both
+deployments name the flows by module, the automation exists, and a real `outbox worker` carries out the
+application's action in a drain run of that deployment.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -17,8 +23,14 @@ from email.parser import Parser
 from pathlib import Path
 
 import pytest
+import yaml
 from packaging.requirements import Requirement
 from sqlalchemy import create_engine, text
+
+from outbox.stack import descendants, kill_all, stop_process
+from outbox.worker import PrefectApi
+from tests.prefect_server import PrefectServer
+from tests.support import until
 
 ROOT = Path(__file__).resolve().parent.parent
 RUNTIME = {"sqlalchemy", "psycopg", "alembic", "aiosmtplib", "prometheus-client", "typer", "rich", "pydantic-settings"}
@@ -79,6 +91,23 @@ print(action.id)
 """
 
 
+def install(wheel: Path | str, env_dir: Path) -> Path:
+    """A fresh virtualenv with `wheel` installed (from the package index pip is set up with); its bin/."""
+    venv.EnvBuilder(with_pip=True).create(env_dir)
+    bin_dir = env_dir / "bin"
+    subprocess.run([bin_dir / "python", "-m", "pip", "install", "--quiet", str(wheel)], check=True, timeout=900)
+    return bin_dir
+
+
+def application(tmp_path: Path) -> Path:
+    """The application's folder: its outbox module `shop` and its enqueue script."""
+    app = tmp_path / "app"
+    app.mkdir()
+    (app / "shop.py").write_text(textwrap.dedent(SHOP))
+    (app / "enqueue.py").write_text(ENQUEUE)
+    return app
+
+
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("dist")
@@ -112,10 +141,8 @@ def test_the_wheel_adds_one_import_name_and_lean_dependencies(wheel: Path) -> No
 def test_installed_without_extras_it_migrates_enqueues_and_runs(
     wheel: Path, empty_database_url: str, tmp_path: Path
 ) -> None:
-    env_dir = tmp_path / "venv"
-    venv.EnvBuilder(with_pip=True).create(env_dir)
-    python, outbox = env_dir / "bin" / "python", env_dir / "bin" / "outbox"
-    subprocess.run([python, "-m", "pip", "install", "--quiet", str(wheel)], check=True, timeout=600)
+    bin_dir = install(wheel, tmp_path / "venv")
+    python, outbox = bin_dir / "python", bin_dir / "outbox"
     absent = subprocess.run(
         [python, "-c", "import importlib.util as u; print([m for m in " + repr(sorted(DEMO_ONLY)).replace("-", "_")
          + " if u.find_spec(m)])"],
@@ -123,10 +150,7 @@ def test_installed_without_extras_it_migrates_enqueues_and_runs(
     )  # fmt: skip
     assert absent.stdout.strip() == "[]"
 
-    app = tmp_path / "app"
-    app.mkdir()
-    (app / "shop.py").write_text(textwrap.dedent(SHOP))
-    (app / "enqueue.py").write_text(ENQUEUE)
+    app = application(tmp_path)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OUTBOX_", "PYTHON"))} | {"PYTHONPATH": str(app)}
 
     def run(*args: str | Path) -> subprocess.CompletedProcess[str]:
@@ -160,6 +184,91 @@ def test_prefect_loads_the_wheels_flows_by_module_entrypoint(wheel: Path, tmp_pa
         "print(load('outbox_flows.drain:drain').name, load('outbox_flows.purge:purge').name)"
     )
     env = {**os.environ, "PYTHONPATH": str(tmp_path), "PREFECT_HOME": str(tmp_path / "prefect")}
-    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    # run outside the repository, whose `outbox_flows` (a link to flows/) would stand in for the wheel's
+    done = subprocess.run(
+        [sys.executable, "-c", script], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["outbox-drain", "outbox-purge"]
+
+
+def test_installed_with_prefect_it_deploys_from_an_empty_folder_and_a_worker_runs_the_drain(
+    wheel: Path, empty_database_url: str, prefect_server: PrefectServer, tmp_path: Path
+) -> None:
+    bin_dir = install(f"{wheel}[prefect]", tmp_path / "venv")
+    app = application(tmp_path)
+    project = tmp_path / "project"  # an empty folder: no clone, no deploy/ of outbox's
+    project.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OUTBOX_", "PYTHON", "PREFECT_", "VIRTUAL_ENV"))}
+    env |= {
+        "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+        "PYTHONPATH": str(app),  # the application's module, importable as an installed one would be
+        "OUTBOX_DATABASE_URL": empty_database_url,
+        "PREFECT_API_URL": f"{prefect_server.url}/api",
+        "PREFECT_HOME": str(tmp_path / "prefect-home"),
+        "PREFECT_WORKER_QUERY_SECONDS": "1",
+    }
+
+    def run(*args: str | Path, **extra: str) -> str:
+        done = subprocess.run(args, cwd=project, env=env | extra, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, f"{args}: {done.stdout}{done.stderr}"
+        return done.stdout
+
+    where = run("python", "-c", "import importlib.util as u; print(u.find_spec('flows'), u.find_spec('outbox').origin)")
+    assert where.split()[0] == "None" and where.split()[1].startswith(str(tmp_path / "venv")), where
+
+    # the documented deploy, from the installed package only
+    run("outbox", "db", "upgrade")
+    libpq = empty_database_url.replace("postgresql+psycopg://", "postgresql://", 1)
+    action_id = int(run("python", app / "enqueue.py", empty_database_url, libpq))
+    run("prefect", "work-pool", "create", "outbox", "--type", "process")
+    run("outbox", "prefect", "files", "deploy")
+    run("prefect", "automation", "create", "--from-file", "deploy/prefect-automations.yaml")
+    run(
+        "prefect",
+        "--no-prompt",
+        "deploy",
+        "--all",
+        "--prefect-file",
+        "deploy/prefect.yaml",
+        OUTBOX_ADAPTERS="shop:adapters",
+    )
+
+    api = PrefectApi(f"{prefect_server.url}/api", None, None)
+    drain = api.call("GET", "/deployments/name/outbox-drain/outbox-drain")
+    purge = api.call("GET", "/deployments/name/outbox-purge/outbox-purge")
+    assert (drain["entrypoint"], purge["entrypoint"]) == ("outbox_flows.drain:drain", "outbox_flows.purge:purge")
+    assert drain["parameters"]["adapters"] == "shop:adapters"
+    assert not drain["pull_steps"] and not purge["pull_steps"], "a worker needs no copy of the deploy folder"
+    written = yaml.safe_load((project / "deploy" / "prefect-automations.yaml").read_text())["automations"]
+    assert [a["name"] for a in api.call("POST", "/automations/filter", {})] == [a["name"] for a in written] != []
+
+    # a real worker of the installed package, in a folder of its own (the deploy folder gone), runs one drain
+    shutil.rmtree(project)
+    replica = tmp_path / "replica"
+    replica.mkdir()
+    with (tmp_path / "worker.log").open("ab") as log:
+        worker = subprocess.Popen(
+            [bin_dir / "outbox", "worker", "--pool", "outbox", "--name", "outbox-installed"],
+            cwd=replica, env=env, stdout=log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    try:
+        created = api.call("POST", f"/deployments/{drain['id']}/create_flow_run", {"parameters": {"max_actions": 1}})
+        run_id = created["id"]
+
+        def ended() -> bool:
+            state = api.state_type(run_id)
+            assert state not in {"FAILED", "CRASHED", "CANCELLED"}, (tmp_path / "worker.log").read_text()[-3000:]
+            return state == "COMPLETED"
+
+        until(ended, timeout=180, what="the drain run to complete")
+    finally:
+        started = descendants(worker.pid)
+        stop_process(worker, 60)
+        kill_all(started)
+    engine = create_engine(empty_database_url)
+    with engine.connect() as conn:
+        done = conn.execute(text("SELECT state, readback_ref FROM agent_action WHERE id = :id"), {"id": action_id})
+        assert done.one() == ("DONE", f"hook-{action_id}")
+    engine.dispose()
+    assert (app / "calls.txt").read_text() == f"{action_id}\n"
