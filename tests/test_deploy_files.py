@@ -1,13 +1,18 @@
-"""The deployment files parse, and every name they share with the code matches (no Docker here to run them)."""
+"""The deployment files parse, and every name they share with the code matches (no Docker here to run them);
+`outbox prefect files` writes the Prefect ones into a folder all at once, replacing none unasked."""
 
 from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+from outbox.cli.prefect import FILES as PREFECT_FILES
+from tests.conftest import CliResult
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
@@ -150,3 +155,41 @@ def test_prometheus_scrapes_the_exporter_and_loads_the_rules() -> None:
     config = load(DEPLOY / "prometheus/prometheus.yml")
     assert config["rule_files"] == ["outbox-rules.yml"]
     assert config["scrape_configs"][0]["static_configs"][0]["targets"] == ["exporter:9464"]
+
+
+def test_outbox_prefect_files_writes_the_prefect_files_and_never_replaces_one_unasked(
+    cli: Callable[..., CliResult], tmp_path: Path
+) -> None:
+    target = tmp_path / "app" / "deploy"  # made, with its parent
+    written = cli("prefect", "files", str(target))
+    assert written.code == 0, written.err
+    assert sorted(p.name for p in target.iterdir()) == sorted(PREFECT_FILES)
+    for name in PREFECT_FILES:
+        assert (target / name).read_bytes() == (DEPLOY / name).read_bytes(), name
+
+    edited = target / "prefect.yaml"
+    edited.write_text("# the application's own edit\n")
+    refused = cli("prefect", "files", str(target))
+    assert refused.code == 2 and refused.err.count("\n") == 1
+    assert str(target) in refused.err and "prefect.yaml" in refused.err and "--overwrite" in refused.err
+    assert edited.read_text() == "# the application's own edit\n"
+
+    assert cli("prefect", "files", "--overwrite", str(target)).code == 0
+    assert edited.read_bytes() == (DEPLOY / "prefect.yaml").read_bytes()
+    assert sorted(p.name for p in target.iterdir()) == sorted(PREFECT_FILES)
+
+
+def test_outbox_prefect_files_writes_every_file_or_none(cli: Callable[..., CliResult], tmp_path: Path) -> None:
+    # the third file cannot be written (a folder stands where it is written first): the first two go too
+    (tmp_path / ".prefect-notify.yaml.partial").mkdir()
+    failed = cli("prefect", "files", str(tmp_path))
+    assert failed.code == 2 and failed.err.count("\n") == 1 and str(tmp_path) in failed.err
+    assert [p.name for p in tmp_path.iterdir()] == [".prefect-notify.yaml.partial"]
+
+    # a folder that cannot be made (under a file) is named, and nothing is left
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    under_a_file = cli("prefect", "files", str(blocker / "deploy"))
+    assert under_a_file.code == 2 and "cannot write to" in under_a_file.err
+    assert cli("prefect", "files", str(blocker)).code == 2  # a file is not a folder
+    assert blocker.read_text() == ""

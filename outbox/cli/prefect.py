@@ -60,7 +60,8 @@ def _write_all(contents: dict[Path, bytes], directory: Path) -> None:
             partial.write_bytes(content)
     except OSError as error:
         for partial in written:
-            partial.unlink(missing_ok=True)
+            if partial.is_file():
+                partial.unlink()
         if made and directory.is_dir() and not any(directory.iterdir()):
             directory.rmdir()
         raise ValueError(f"cannot write to {directory}: {error.strerror or error}") from None
