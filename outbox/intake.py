@@ -135,7 +135,7 @@ def _reused(request: ValidRequest, action: Action) -> Action:
     differing = differing_fields(request, action)
     if differing:
         log.warning(
-            "enqueue: idempotency key %r already holds action %d (kind %s), whose %s differ from this request;"
+            "enqueue: idempotency key %r already holds action %d (kind %s); this request differs in %s;"
             " the first action is returned unchanged",
             request.idempotency_key,
             action.id,

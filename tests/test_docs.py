@@ -8,17 +8,24 @@ section of docs/ that exists.
 
 from __future__ import annotations
 
+import email
+import email.policy
 import os
 import re
 import subprocess
 import sys
 import tomllib
 from collections.abc import Iterator
+from email.message import EmailMessage
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 from sqlalchemy import Engine, text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from outbox.email.sink import SmtpSink
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
@@ -26,7 +33,16 @@ PAGES = [README, *sorted((ROOT / "docs").glob("*.md"))]
 EXAMPLE = re.compile(r"<!-- example: ([\w-]+) -->\n```python\n(.*?)```", re.S)
 # the migration examples run in tests/test_migration_history.py, through the alembic and manage.py commands
 MIGRATION_EXAMPLES = {"alembic-revision", "django-migration", "kind-declaration", "kind-revision"}
-TESTED_EXAMPLES = {"enqueue", "adapter", "email", "retention", "readback-adapter", *MIGRATION_EXAMPLES}
+TESTED_EXAMPLES = {
+    "enqueue",
+    "adapter",
+    "email",
+    "retention",
+    "readback-adapter",
+    "notice",
+    "database-url",
+    *MIGRATION_EXAMPLES,
+}
 
 
 def page_name(page: Path) -> str:
@@ -109,6 +125,66 @@ def test_the_email_example_runs(engine: Engine) -> None:
             "EMAIL",
             {"notice": "workspace_alert", "event": {"workspace_id": 10, "alert_id": 101}},
         )
+
+
+SHOP_TABLES = """
+CREATE TABLE shop_customer (id bigint PRIMARY KEY, name text NOT NULL, email text, shipping_emails boolean NOT NULL);
+CREATE TABLE shop_order (id bigint PRIMARY KEY, customer_id bigint NOT NULL REFERENCES shop_customer,
+                         shipped boolean NOT NULL DEFAULT false);
+INSERT INTO shop_customer VALUES (3, 'Ann Lee', 'ann@example.com', true);
+INSERT INTO shop_order VALUES (7, 3);
+"""
+
+
+async def test_the_notice_example_runs_and_its_email_reaches_the_customer(
+    engine: Engine, aengine: AsyncEngine, sink: SmtpSink
+) -> None:
+    from outbox.email import EmailAdapter, SmtpSettings
+    from outbox.testing import drain
+
+    with engine.begin() as conn:
+        conn.execute(text(SHOP_TABLES))
+    namespace: dict[str, Any] = {"engine": engine}
+    run_example("notice", namespace)
+    action = namespace["action"]
+    assert action.created is True
+    assert (action.kind, action.lane_key, action.idempotency_key) == ("EMAIL", "customer:3:email", "order_shipped:7")
+    assert (action.workspace_id, action.subject_account_id) == (None, 3)
+    assert action.payload == {"notice": "order_shipped", "event": {"order_id": 7, "customer_id": 3}}
+    with engine.begin() as conn:  # a retry of the same event after the customer turned the emails off
+        conn.execute(text("UPDATE shop_customer SET shipping_emails = false"))
+        again = namespace["enqueue_email"](conn, namespace["ORDER_SHIPPED"], {"order_id": 7, "customer_id": 3})
+        assert again.id == action.id and again.created is False
+        conn.execute(text("UPDATE shop_customer SET shipping_emails = true"))
+    smtp = SmtpSettings(host="127.0.0.1", port=sink.port, sender="shop@example.com", timeout_seconds=2)
+    await drain(aengine, [EmailAdapter(aengine, smtp)])
+    [received] = sink.received
+    message = email.message_from_bytes(received.data, policy=email.policy.default)
+    assert (str(message["To"]), str(message["Subject"])) == ("Ann Lee <ann@example.com>", "Order 7 has shipped")
+    assert isinstance(message, EmailMessage)
+    assert message.get_content().splitlines() == ["Hello Ann Lee,", "", "your order 7 is on its way."]
+
+
+def test_the_database_url_example_gives_engines_outbox_enqueues_on(
+    engine: Engine, database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import outbox
+    from tests import kinds
+
+    # the URL an application holds, with the scheme most of them write
+    monkeypatch.setenv("DATABASE_URL", database_url.replace("postgresql+psycopg://", "postgres://", 1))
+    namespace: dict[str, Any] = {}
+    run_example("database-url", namespace)
+    made: Engine = namespace["engine"]
+    try:
+        assert made.url.drivername == namespace["async_engine"].url.drivername == "postgresql+psycopg"
+        request = outbox.ActionRequest(kind=kinds.NOOP, workspace_id=1, lane_key="l", idempotency_key="u", payload={})
+        with made.begin() as conn:
+            assert outbox.enqueue(conn, request).created is True
+    finally:
+        made.dispose()
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT idempotency_key FROM agent_action")).scalars().all() == ["u"]
 
 
 def test_the_retention_example_runs(engine: Engine) -> None:

@@ -84,7 +84,7 @@ def test_each_request_of_a_reused_key_that_differs_is_logged_once(
         outbox.enqueue_many(conn, [request("old"), request("old", lane="elsewhere"), request("new"), request("new")])
     lines = [r for r in caplog.records if r.name.startswith("outbox")]
     assert [(r.levelno, r.name) for r in lines] == [(logging.WARNING, "outbox.enqueue")]
-    assert "'old'" in lines[0].getMessage() and "lane_key differ" in lines[0].getMessage()
+    assert "'old'" in lines[0].getMessage() and "differs in lane_key;" in lines[0].getMessage()
 
 
 def test_one_bad_request_writes_nothing_and_names_its_position(engine: Engine) -> None:

@@ -34,29 +34,36 @@ class UnknownNotice(OutboxError, LookupError):
 
 
 class EmailNotice(ABC):
-    """Subclass once per kind of email and `register` an instance."""
+    """One kind of email: subclass it once, set the three class attributes, write the four methods, and
+    `register` an instance in every process that enqueues it or runs the executor (docs/email.md, "The
+    notice interface"). `event` is always the JSON object of identifiers the action's payload holds."""
 
-    # the name stored in the payload; never change it while actions of it may be pending
+    # the name stored in the payload and the trace; never change it while actions of it may be pending
     name: ClassVar[str]
-    # True: the email belongs to a workspace (workspace_id set); False: to one account (instance level)
+    # True: the email belongs to a workspace (workspace_id from the event); False: to one account (none)
     workspace_scoped: ClassVar[bool]
     # SELECT address, display_name ... : who receives it now; binds the parameters `params` returns
     recipients_query: ClassVar[TextClause]
 
     @abstractmethod
     def params(self, event: dict[str, Any]) -> dict[str, Any]:
-        """The query's parameters from the event; raise InvalidRequest for an event that is malformed."""
+        """The query's parameters from the event; raise InvalidRequest for an event that is malformed. Also the
+        EMAIL kind's check of the event at enqueue, so check here every identifier the other methods read."""
 
     @abstractmethod
-    def compose(self, event: dict[str, Any], recipients: tuple[Recipient, ...]) -> Draft: ...
+    def compose(self, event: dict[str, Any], recipients: tuple[Recipient, ...]) -> Draft:
+        """The subject and plain text for the recipients the query found now (at least one)."""
 
     @abstractmethod
-    def idempotency_key(self, event: dict[str, Any]) -> str: ...
+    def idempotency_key(self, event: dict[str, Any]) -> str:
+        """The action's idempotency key: one per effect (the Message-ID derives from it)."""
 
     @abstractmethod
-    def lane_key(self, event: dict[str, Any]) -> str: ...
+    def lane_key(self, event: dict[str, Any]) -> str:
+        """The action's lane: the emails of one lane are sent one at a time, in the order enqueued."""
 
     def workspace_id(self, event: dict[str, Any]) -> int | None:
+        """The action's workspace: `event["workspace_id"]` when the notice is workspace-scoped, else None."""
         return int(event["workspace_id"]) if self.workspace_scoped else None
 
     def subject_account_id(self, event: dict[str, Any]) -> int | None:
@@ -83,9 +90,11 @@ class EmailNotice(ABC):
         return self.prepared(event, fetch(conn, self.recipients_query, self.params(event)))
 
     async def prepare_async(self, conn: AsyncConn, event: dict[str, Any]) -> PreparedEmail | None:
+        """`prepare` on an async connection (as the adapter runs it before every attempt)."""
         return self.prepared(event, await fetch_async(conn, self.recipients_query, self.params(event)))
 
     def request(self, event: dict[str, Any], *, max_attempts: int = 5) -> ActionRequest:
+        """The EMAIL action's request for `event`, from the methods above."""
         return ActionRequest(
             kind=ActionKind.EMAIL,
             lane_key=self.lane_key(event),
@@ -153,20 +162,22 @@ def _held_or_nobody(notice: EmailNotice, held: Action | None) -> Action:
     return held
 
 
-def enqueue_email(conn: SyncConnection, notice: EmailNotice, event: dict[str, Any], **options: Any) -> Action:
+def enqueue_email(conn: SyncConnection, notice: EmailNotice, event: dict[str, Any], *, max_attempts: int = 5) -> Action:
     """Prepare the notice now and enqueue it in the caller's transaction (see `outbox.enqueue`).
 
     A notice that reaches nobody now is refused (InvalidRequest naming `event`), unless its idempotency key
     already holds an action: that action is returned unchanged, as for any repeated key."""
     notice_named(notice.name)
     if notice.prepare(conn, event) is None:
-        return _held_or_nobody(notice, held_action(conn, notice.request(event, **options)))
-    return enqueue(conn, notice.request(event, **options))
+        return _held_or_nobody(notice, held_action(conn, notice.request(event, max_attempts=max_attempts)))
+    return enqueue(conn, notice.request(event, max_attempts=max_attempts))
 
 
-async def enqueue_email_async(conn: AsyncConn, notice: EmailNotice, event: dict[str, Any], **options: Any) -> Action:
+async def enqueue_email_async(
+    conn: AsyncConn, notice: EmailNotice, event: dict[str, Any], *, max_attempts: int = 5
+) -> Action:
     """`enqueue_email` for an `AsyncConnection`, an `AsyncSession` or a psycopg `AsyncConnection`."""
     notice_named(notice.name)
     if await notice.prepare_async(conn, event) is None:
-        return _held_or_nobody(notice, await held_action_async(conn, notice.request(event, **options)))
-    return await enqueue_async(conn, notice.request(event, **options))
+        return _held_or_nobody(notice, await held_action_async(conn, notice.request(event, max_attempts=max_attempts)))
+    return await enqueue_async(conn, notice.request(event, max_attempts=max_attempts))
