@@ -1,10 +1,30 @@
 """`outbox demo`: the whole system on one machine, a realistic email workload, and what happened to it.
 
-    embedded PostgreSQL ─ SMTP sink that fails a share of deliveries ─ Prefect server ─ deployments
-    ─ metrics exporter ─ worker replicas ─▶ 2,000 emails over 200 lanes through the example notices
-    (admins unsubscribing meanwhile) ─▶ progress until every action ended ─▶ summary and URLs
+    embedded PostgreSQL (outbox's tables, or OUTBOX_DATABASE_URL; and always the Prefect server's own
+    database `prefect`, made afresh) ─ SMTP sink that fails a share of deliveries ─ Prefect server ─
+    deployments ─ metrics exporter ─ worker replicas ─▶ one drain run per worker, waited for until each
+    executor claims ─▶ 2,000 emails over 200 lanes through the example notices (admins unsubscribing
+    meanwhile) ─▶ progress until every action ended ─▶ summary and URLs ─▶ the drain runs cancelled,
+    every process stopped
 
-Ctrl-C stops everything the demo started, by PID; `--keep-running` leaves the stack up to explore.
+One run per worker. Each worker takes runs from the pool's `default` queue (where the schedule puts its
+ticks) and from a queue of its own, named after it. The demo puts one drain run in each worker's queue,
+so each replica submits exactly one run (no two workers race for a run), and it waits until every run's
+executor claims before it enqueues anything: the pickup and the throughput measure the system, not the
+start of flow-run processes. The relay counts these runs as any others; the schedule's first tick comes
+300 s after the deployment.
+
+The figures. The progress bar and the throughput share one clock, from the first enqueue to the moment
+every action had ended. The pickup is, per action, from when it could start (it was due and first
+unended in its lane: an action waits for the one before it in its lane) to its fence, on the database
+clock; actions that never reached a fence (cancelled before) have none.
+
+Stopping. The demo cancels its drain runs as an operator would (a cancelled run hands back what it has
+not fenced and is not replaced), waits until they ended, then stops the workers, the exporter and the
+Prefect server by PID; the embedded PostgreSQL stops when this process exits. Ctrl-C reaches this
+process only (every child runs in a session of its own) and stops everything the same way; a second one
+kills what is left. `--keep-running` leaves the stack up to explore until Ctrl-C.
+
 It runs from a clone of the repository (the example application in `examples/`, the deployments in
 `deploy/`) with the `demo` extra installed; `outbox.cli.demo` checks both before it imports this module.
 Only this process and the workers it starts register the example notices.
@@ -12,20 +32,26 @@ Only this process and the workers it starts register the example notices.
 
 from __future__ import annotations
 
+import contextlib
 import random
 import shutil
 import time
+import warnings
 from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
-from sqlalchemy import Engine, text
+from sqlalchemy import Connection, Engine, create_engine, text
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import OperationalError
 
 from examples.accounts import notices, schema
 from outbox import migrate
-from outbox.db import start_embedded_postgres, sync_engine
+from outbox.db import embedded_postgres_server, psycopg_url, sync_engine
 from outbox.email import enqueue_email
 from outbox.errors import OutboxError
 from outbox.settings import load_settings
@@ -33,15 +59,61 @@ from outbox.stack import Stack, answers
 
 console = Console()
 
+# the Prefect server's database on the embedded PostgreSQL
+PREFECT_DATABASE = "prefect"
+# how long the drain runs get to start and claim, and to end once cancelled
+EXECUTORS_START_SECONDS = 180.0
+EXECUTORS_END_SECONDS = 60.0
+# the pickup probe: this many emails, one per transaction, at this rate, once the backlog has drained
+PROBE_EMAILS = 100
+PROBE_RATE = 20
+PROGRESS_COLUMNS = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
 
-def database_url(given: str | None) -> str:
-    """The database the operator gave, or an embedded PostgreSQL under OUTBOX_DATA_DIR (the demo only)."""
-    if given:
-        return given
-    data_dir = load_settings().data_dir
-    url = start_embedded_postgres(data_dir)
-    console.print(f"[dim]no --database-url: using an embedded PostgreSQL in {data_dir / 'pg'}[/dim]")
-    return url
+
+@dataclass(frozen=True)
+class Ids:
+    """The actions a part of the workload enqueued: ids first..last (nothing else enqueues between)."""
+
+    first: int
+    last: int
+
+    def params(self) -> dict[str, int]:
+        return {"first": self.first, "last": self.last}
+
+
+@dataclass(frozen=True)
+class Workload:
+    backlog: Ids
+    probe: Ids
+    # from the backlog's first enqueue to the moment its last action ended, by its progress bar
+    seconds: float
+
+
+def embedded_server(data_dir: Path) -> Any:
+    """The embedded PostgreSQL under `data_dir`. Without XDG_RUNTIME_DIR it keeps its lock file in the
+    private temporary folder platformdirs falls back to, which is what a demo needs: no warning about it."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR", category=UserWarning)
+        return embedded_postgres_server(data_dir)
+
+
+def fresh_prefect_database(server: Any) -> str:
+    """Make the Prefect server's database anew on the embedded server; its URL for Prefect (asyncpg,
+    through the server's Unix socket)."""
+    admin = create_engine(psycopg_url(server.get_uri()), isolation_level="AUTOCOMMIT", pool_size=1)
+    try:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{PREFECT_DATABASE}"'))
+            conn.execute(text(f'CREATE DATABASE "{PREFECT_DATABASE}"'))
+    except OperationalError as error:
+        raise OutboxError(
+            f"cannot make the Prefect server's database anew ({error.orig}): is another outbox demo running"
+            " on this data folder? Stop it first."
+        ) from None
+    finally:
+        admin.dispose()
+    url = make_url(server.get_uri(PREFECT_DATABASE)).set(drivername="postgresql+asyncpg")
+    return url.render_as_string(hide_password=False)
 
 
 def run_demo(
@@ -56,24 +128,33 @@ def run_demo(
     given_url: str | None,
 ) -> None:
     """Run outbox for real on this machine: every component started here, a workload, a summary."""
-    url = database_url(given_url)
+    data_dir = load_settings().data_dir
+    server = embedded_server(data_dir)
+    url = given_url or psycopg_url(server.get_uri())
+    if not given_url:
+        console.print(f"[dim]no --database-url: using an embedded PostgreSQL in {data_dir / 'pg'}[/dim]")
     engine = sync_engine(url)
     with engine.begin() as conn:
         migrate.upgrade(conn)
         schema.create(conn)
-    workdir = load_settings().data_dir / "demo"
+    workdir = data_dir / "demo"
     shutil.rmtree(workdir / "prefect", ignore_errors=True)
-    stack = Stack(database_url=url, workdir=workdir, workers=workers, flaky=flaky)
+    stack = Stack(
+        database_url=url,
+        workdir=workdir,
+        workers=workers,
+        flaky=flaky,
+        prefect_database_url=fresh_prefect_database(server),
+    )
     try:
         with console.status("starting the SMTP sink, Prefect server, deployments, exporter and workers"):
             stack.start()
         console.print(f"Prefect UI: {stack.prefect_url}   metrics: {stack.metrics_url}   mailbox: {stack.mailbox_url}")
-        first_id, started = enqueue_workload(engine, emails, lanes), time.monotonic()
-        stack.run_drain_now()  # one run per worker now: the first scheduled tick may be 300 s away
-        unsubscribe_some(engine, first_id, unsubscribe)
-        wait_for_the_end(engine, first_id, emails, timeout)
-        elapsed = time.monotonic() - started
-        console.print(summary_table(engine, first_id, elapsed, stack))
+        with console.status("starting one drain run per worker; waiting until every executor claims"):
+            runs, waited = start_executors(stack)
+        console.print(f"{len(runs)} executors claiming ({waited:.0f} s after their runs were created); enqueuing")
+        workload = run_workload(engine, emails, lanes, unsubscribe, timeout)
+        console.print(summary_table(engine, workload, stack, runs))
         console.print(
             f"Prefect UI: {stack.prefect_url}\nmetrics:    {stack.metrics_url}\n"
             f"mailbox:    {stack.mailbox_url}\nlogs:       {workdir}"
@@ -86,8 +167,51 @@ def run_demo(
         console.print("stopping")
     finally:
         with console.status("stopping every process the demo started"):
+            if stack.prefect_url:
+                with contextlib.suppress(OSError):  # the Prefect server is gone: the workers stop their runs
+                    stack.cancel_drain_runs(EXECUTORS_END_SECONDS)
             stack.stop()
         engine.dispose()
+
+
+def start_executors(stack: Stack) -> tuple[list[str], float]:
+    """One drain run per worker, in the worker's own queue; wait until each one's executor claims (its
+    run is Running and tagged kind:...). Returns the run ids and the seconds waited."""
+    runs = stack.start_drain_per_worker()
+    started = time.monotonic()
+    while not all(claiming(run) for run in stack.flow_runs(list(runs.values()))):
+        if time.monotonic() - started > EXECUTORS_START_SECONDS:
+            waiting = [run["name"] for run in stack.flow_runs(list(runs.values())) if not claiming(run)]
+            raise OutboxError(
+                f"the drain runs {', '.join(waiting)} did not claim within {EXECUTORS_START_SECONDS:.0f} s;"
+                f" see the worker logs in {stack.workdir}"
+            )
+        time.sleep(0.5)
+    return list(runs.values()), time.monotonic() - started
+
+
+def claiming(run: dict[str, Any]) -> bool:
+    """A drain run whose executor claims: Running, and tagged with the kinds it carries out."""
+    return bool(run["state_type"] == "RUNNING" and any(tag.startswith("kind:") for tag in run["tags"]))
+
+
+def run_workload(engine: Engine, emails: int, lanes: int, unsubscribe: float, timeout: float) -> Workload:
+    """The backlog (every email enqueued at once, admins unsubscribing meanwhile) until every action
+    ended, then the pickup probe (PROBE_EMAILS at PROBE_RATE a second, on idle executors) until those
+    ended, each with its progress bar. The throughput takes its seconds from the backlog's bar."""
+    alerts = make_alerts(engine, emails, lanes)
+    probe_alerts = make_alerts(engine, PROBE_EMAILS, PROBE_EMAILS)  # each alone in a lane of its own
+    with Progress(*PROGRESS_COLUMNS, console=console) as progress:
+        bar = progress.add_task("backlog: emails ended since the first enqueue", total=emails)  # its clock starts
+        backlog = enqueue(engine, alerts)
+        unsubscribe_some(engine, backlog, unsubscribe)
+        wait_for_the_end(progress, bar, engine, backlog, timeout)
+        probe_bar = progress.add_task(f"pickup probe: {PROBE_RATE} emails/s enqueued, ended", total=PROBE_EMAILS)
+        probe = enqueue_paced(engine, probe_alerts, PROBE_RATE)
+        wait_for_the_end(progress, probe_bar, engine, probe, timeout)
+    seconds = progress.tasks[bar].finished_time
+    assert seconds is not None  # the bar is complete
+    return Workload(backlog, probe, seconds)
 
 
 WORKLOAD_TABLES = (
@@ -98,42 +222,55 @@ WORKLOAD_TABLES = (
     """INSERT INTO app_membership SELECT :base + w, (:base + w) * 10 + a, 'admin'
          FROM generate_series(1, :lanes) w, generate_series(1, 2) a""",
     """INSERT INTO app_alert SELECT (:base * 1000) + g + 1, :base + 1 + (g % :lanes), 'Alert ' || g, 'Details'
-         FROM generate_series(0, :emails - 1) g""",
+         FROM generate_series(0, :alerts - 1) g""",
 )
 
 
-def enqueue_workload(engine: Engine, emails: int, lanes: int) -> int:
-    """Workspaces with two verified admins each, and `emails` alerts spread over them; returns the first id."""
+def make_alerts(engine: Engine, count: int, lanes: int) -> list[tuple[int, int]]:
+    """`lanes` workspaces with two verified admins each, and `count` alerts spread over them in turn:
+    (alert id, workspace id) in order."""
     with engine.begin() as conn:
         base = int(conn.execute(text("SELECT coalesce(max(id), 0) FROM app_workspace")).scalar_one())
-        params = {"base": base, "lanes": lanes, "emails": emails}
+        params = {"base": base, "lanes": lanes, "alerts": count}
         for statement in WORKLOAD_TABLES:
             conn.execute(text(statement), params)
-        alerts = conn.execute(
+        rows = conn.execute(
             text("SELECT id, workspace_id FROM app_alert WHERE id > :first ORDER BY id"), {"first": base * 1000}
         ).all()
-    first_id: int | None = None
-    for start in range(0, len(alerts), 100):  # enqueued in transactions of 100, as an application would
+    return [(alert_id, workspace_id) for alert_id, workspace_id in rows]
+
+
+def enqueue(engine: Engine, alerts: list[tuple[int, int]]) -> Ids:
+    """One workspace alert email per alert, in transactions of 100, as an application would."""
+    ids: list[int] = []
+    for start in range(0, len(alerts), 100):
         with engine.begin() as conn:
-            for alert_id, workspace_id in alerts[start : start + 100]:
-                action = enqueue_email(
-                    conn, notices.WORKSPACE_ALERT, {"workspace_id": workspace_id, "alert_id": alert_id}
-                )
-                first_id = action.id if first_id is None else first_id
-    assert first_id is not None
-    return first_id
+            ids += [enqueue_alert(conn, alert) for alert in alerts[start : start + 100]]
+    return Ids(ids[0], ids[-1])
 
 
-def unsubscribe_some(engine: Engine, first_id: int, share: float) -> None:
+def enqueue_paced(engine: Engine, alerts: list[tuple[int, int]], per_second: float) -> Ids:
+    """One alert email per transaction, `per_second` of them a second, on a steady schedule."""
+    ids: list[int] = []
+    started = time.monotonic()
+    for n, alert in enumerate(alerts):
+        time.sleep(max(0.0, started + n / per_second - time.monotonic()))
+        with engine.begin() as conn:
+            ids.append(enqueue_alert(conn, alert))
+    return Ids(ids[0], ids[-1])
+
+
+def enqueue_alert(conn: Connection, alert: tuple[int, int]) -> int:
+    alert_id, workspace_id = alert
+    return enqueue_email(conn, notices.WORKSPACE_ALERT, {"workspace_id": workspace_id, "alert_id": alert_id}).id
+
+
+def unsubscribe_some(engine: Engine, backlog: Ids, share: float) -> None:
     """While the emails go out, both admins of a share of the workspaces unsubscribe: their alerts that
     have not gone out yet end CANCELLED / NOT_WANTED at their next attempt."""
     rng = random.Random(42)
     with engine.begin() as conn:
-        workspaces = (
-            conn.execute(text("SELECT DISTINCT workspace_id FROM agent_action WHERE id >= :first"), {"first": first_id})
-            .scalars()
-            .all()
-        )
+        workspaces = conn.execute(WORKSPACES, backlog.params()).scalars().all()
         chosen = [w for w in workspaces if rng.random() < share]
         conn.execute(
             text(
@@ -144,55 +281,64 @@ def unsubscribe_some(engine: Engine, first_id: int, share: float) -> None:
         )
 
 
-def wait_for_the_end(engine: Engine, first_id: int, total: int, timeout: float) -> None:
-    columns = (TextColumn("emails ended"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=console) as progress:
-        bar = progress.add_task("ended", total=total)
-        deadline = time.monotonic() + timeout
-        while (done := ended(engine, first_id)) < total:
-            progress.update(bar, completed=done)
-            if time.monotonic() > deadline:
-                raise OutboxError(f"only {done} of {total} emails ended within {timeout:.0f} s")
-            time.sleep(0.5)
-        progress.update(bar, completed=total)
+def wait_for_the_end(progress: Progress, bar: TaskID, engine: Engine, ids: Ids, timeout: float) -> None:
+    total = ids.last - ids.first + 1
+    deadline = time.monotonic() + timeout
+    while (done := ended(engine, ids)) < total:
+        progress.update(bar, completed=done)
+        if time.monotonic() > deadline:
+            raise OutboxError(f"only {done} of {total} emails ended within {timeout:.0f} s")
+        time.sleep(0.2)
+    progress.update(bar, completed=total)
 
 
-def ended(engine: Engine, first_id: int) -> int:
+def ended(engine: Engine, ids: Ids) -> int:
     with engine.connect() as conn:
-        return int(
-            conn.execute(
-                text("SELECT count(*) FROM agent_action WHERE id >= :first AND ended_at IS NOT NULL"),
-                {"first": first_id},
-            ).scalar_one()
-        )
+        return int(conn.execute(ENDED, ids.params()).scalar_one())
 
 
-def summary_table(engine: Engine, first_id: int, elapsed: float, stack: Stack) -> Table:
+WORKSPACES = text("SELECT DISTINCT workspace_id FROM agent_action WHERE id BETWEEN :first AND :last")
+ENDED = text("SELECT count(*) FROM agent_action WHERE id BETWEEN :first AND :last AND ended_at IS NOT NULL")
+OUTCOMES = text(
+    "SELECT state, stop_reason, count(*) FROM agent_action WHERE id BETWEEN :first AND :last"
+    " GROUP BY 1, 2 ORDER BY 3 DESC"
+)
+# the backlog's wait: from when each action was due (enqueued, or its retry's time) to its fence
+BACKLOG_WAIT = text("""
+    SELECT percentile_cont(ARRAY[0.5, 0.95, 0.99]) WITHIN GROUP
+               (ORDER BY extract(epoch FROM write_started_at - due_at)),
+           count(*)
+      FROM agent_action
+     WHERE id BETWEEN :first AND :last AND write_started_at IS NOT NULL
+""")
+# the pickup: the probe's actions that reached their fence in their first attempt, from when each was
+# due (enqueued) to its fence (the claim, the notice prepared, the fence); a retried one waited for its
+# backoff and the executor's next look, not for a pickup
+PICKUP = text("""
+    SELECT percentile_cont(ARRAY[0.5, 0.95, 0.99]) WITHIN GROUP
+               (ORDER BY extract(epoch FROM write_started_at - due_at)),
+           count(*)
+      FROM agent_action
+     WHERE id BETWEEN :first AND :last AND write_started_at IS NOT NULL AND attempt = 1
+""")
+
+
+def summary_table(engine: Engine, workload: Workload, stack: Stack, runs: list[str]) -> Table:
     with engine.connect() as conn:
-        outcomes = conn.execute(
-            text(
-                "SELECT state, stop_reason, count(*) FROM agent_action WHERE id >= :first GROUP BY 1, 2 ORDER BY 3 DESC"
-            ),
-            {"first": first_id},
-        ).all()
-        # per action, on the database clock: from when it was due to its fence (the claim, then the notice
-        # prepared, then the fence) in its last attempt; actions that never reached a fence have no pickup
-        pickup = conn.execute(
-            text(
-                "SELECT percentile_cont(ARRAY[0.5, 0.95, 0.99]) WITHIN GROUP"
-                " (ORDER BY extract(epoch FROM write_started_at - due_at)), count(*)"
-                " FROM agent_action WHERE id >= :first AND write_started_at IS NOT NULL"
-            ),
-            {"first": first_id},
-        ).one()
+        outcomes = conn.execute(OUTCOMES, workload.backlog.params()).all()
+        backlog_wait = conn.execute(BACKLOG_WAIT, workload.backlog.params()).one()
+        pickup = conn.execute(PICKUP, workload.probe.params()).one()
     assert stack.sink is not None
     duplicates = sum(1 for count in Counter(r.message_id for r in stack.sink.received).values() if count > 1)
     total = sum(n for _, _, n in outcomes)
     table = Table(title="outbox demo", show_header=False)
     for state, reason, count in outcomes:
-        table.add_row(f"{state} {reason}", str(count))
-    table.add_row("throughput", f"{total / elapsed:,.0f} emails/s ({total} in {elapsed:.1f} s)")
-    table.add_row("pickup p50 / p95 / p99 (due to fence)", _pickup(pickup))
+        table.add_row(f"backlog: {state} {reason}", str(count))
+    rate = f"{total / workload.seconds:,.0f} emails/s ({total} in {workload.seconds:.1f} s)"
+    table.add_row("backlog: throughput, first enqueue to last end", rate)
+    table.add_row("backlog: wait p50 / p95 / p99 (due to fence)", _quantiles(backlog_wait))
+    table.add_row(f"pickup at {PROBE_RATE}/s p50 / p95 / p99 (due to fence)", _quantiles(pickup))
+    table.add_row("drain runs (one per worker)", "\n".join(sorted(run["name"] for run in stack.flow_runs(runs))))
     table.add_row("messages at the sink", str(len(stack.sink.received)))
     table.add_row("duplicates at the sink", str(duplicates))
     for name, url in (
@@ -204,8 +350,8 @@ def summary_table(engine: Engine, first_id: int, elapsed: float, stack: Stack) -
     return table
 
 
-def _pickup(row: Any) -> str:
+def _quantiles(row: Any) -> str:
     quantiles, count = row
     if not count:
         return "-"
-    return " / ".join(f"{1000 * q:,.0f} ms" for q in quantiles) + f" over {count:,} actions"
+    return " / ".join(f"{1000 * q:,.1f} ms" for q in quantiles) + f" over {count:,} actions"

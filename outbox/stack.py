@@ -1,11 +1,18 @@
 """The local stack of `outbox demo`: every process it starts, and how it stops them (by PID).
 
     embedded PostgreSQL (or OUTBOX_DATABASE_URL) ─ migrate ─ example application
-    SMTP sink (+ its mailbox page) ─ Prefect server (flow runs kept 14 days) ─ work pool, zombie
+    SMTP sink (+ its mailbox page) ─ Prefect server (flow runs kept 14 days; its state in SQLite under
+    PREFECT_HOME, or in the PostgreSQL database given as `prefect_database_url`) ─ work pool, zombie
     automation, deployments ─ metrics exporter ─ N `outbox worker` replicas running outbox-drain flow runs
 
-Prefect is driven through its command line, so `outbox` never imports it. Every server listens on
-127.0.0.1; every child is started here and stopped here, SIGTERM first, then SIGKILL after a grace period.
+Each worker takes runs from the pool's `default` queue (the schedule's runs) and from a queue of its own,
+named after it: `start_drain_per_worker` puts one run in each worker's queue, so every replica gets
+exactly one and no two workers race to submit the same run.
+
+Prefect is driven through its command line and its REST API, so `outbox` never imports it. Every server
+listens on 127.0.0.1; every child is started here, in a session of its own (a Ctrl-C in the terminal
+reaches this process only, which then stops them in order), and stopped here, SIGTERM first, then SIGKILL
+after a grace period.
 """
 
 from __future__ import annotations
@@ -24,13 +31,18 @@ import urllib.request
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import psutil
 
 from outbox.email.sink import Faults, SmtpSink
 from outbox.executor.config import DEFAULTS
+from outbox.worker import PrefectApi
 
 ROOT = Path(__file__).resolve().parent.parent
+DRAIN_DEPLOYMENT = "outbox-drain/outbox-drain"
+# the flow-run states of a run that has not ended
+UNENDED = ["SCHEDULED", "PENDING", "RUNNING", "CANCELLING", "PAUSED"]
 
 
 def descendants(pid: int) -> list[psutil.Process]:
@@ -66,6 +78,11 @@ def prefect_cli(args: tuple[str, ...], env: dict[str, str]) -> subprocess.Comple
     )
 
 
+def prefect_worker_name(name: str) -> str:
+    """The Prefect name of the stack's worker `name` (worker-1 -> outbox-worker-1)."""
+    return f"outbox-{name}"
+
+
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -99,6 +116,8 @@ class Stack:
     lease_seconds: float = DEFAULTS.lease_seconds
     # the deployments to apply (a copy with a shorter drain interval speeds a soak up)
     prefect_file: Path = ROOT / "deploy" / "prefect.yaml"
+    # where the Prefect server keeps its state (postgresql+asyncpg://...); None: SQLite under PREFECT_HOME
+    prefect_database_url: str | None = None
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     sink: SmtpSink | None = None
     prefect_url: str = ""
@@ -125,12 +144,56 @@ class Stack:
         wait_until_answers(self.metrics_url, 30, "the metrics exporter")
 
     def run_drain_now(self, runs: int | None = None) -> None:
-        """Start `runs` outbox-drain runs (one per worker by default) now, as the schedule's ticks would."""
+        """Start `runs` outbox-drain runs (one per worker by default) now, as the schedule's ticks would;
+        any worker may take any of them."""
         for _ in range(self.workers if runs is None else runs):
-            self._prefect("deployment", "run", "outbox-drain/outbox-drain")
+            self._prefect("deployment", "run", DRAIN_DEPLOYMENT)
+
+    def start_drain_per_worker(self) -> dict[str, str]:
+        """One outbox-drain run in each worker's own queue, now: {worker's Prefect name: run id}."""
+        deployment = self.prefect_api().call("GET", f"/deployments/name/{DRAIN_DEPLOYMENT}")
+        runs = {}
+        for name in self.worker_names():
+            body = {"work_queue_name": name, "tags": ["outbox"]}
+            runs[name] = self.prefect_api().call("POST", f"/deployments/{deployment['id']}/create_flow_run", body)["id"]
+        return runs
+
+    def worker_names(self) -> list[str]:
+        """The Prefect names of the workers running now (each is also the name of its own queue)."""
+        return [prefect_worker_name(name) for name in self.processes if name.startswith("worker")]
+
+    def flow_runs(self, run_ids: list[str]) -> list[dict[str, Any]]:
+        body = {"flow_runs": {"id": {"any_": run_ids}}, "limit": len(run_ids)}
+        return list(self.prefect_api().call("POST", "/flow_runs/filter", body))
+
+    def cancel_drain_runs(self, timeout: float) -> None:
+        """Cancel every outbox-drain run that has started and not ended, as an operator would (a cancelled
+        run hands back what it has not fenced, and nothing takes its place), and wait until they ended."""
+        body = {
+            "deployments": {"name": {"any_": [DRAIN_DEPLOYMENT.partition("/")[2]]}},
+            "flow_runs": {"state": {"type": {"any_": [state for state in UNENDED if state != "SCHEDULED"]}}},
+        }
+        runs = self.prefect_api().call("POST", "/flow_runs/filter", body)
+        for run in runs:
+            cancelling = {"state": {"type": "CANCELLING", "message": "The demo ended."}}
+            self.prefect_api().call("POST", f"/flow_runs/{run['id']}/set_state", cancelling)
+        ids = [run["id"] for run in runs]
+        deadline = time.monotonic() + timeout
+        while ids and any(run["state_type"] in UNENDED for run in self.flow_runs(ids)):
+            if time.monotonic() > deadline:
+                return  # stop() hands them back through their workers
+            time.sleep(0.5)
+
+    def prefect_api(self) -> PrefectApi:
+        return PrefectApi(f"{self.prefect_url}/api", None, None)
 
     def start_worker(self, name: str) -> subprocess.Popen[bytes]:
-        command = [sys.executable, "-m", "outbox.cli", "worker", "--name", f"outbox-{name}", "--grace", "60"]
+        """`outbox worker` on the pool's default queue and on a queue of its own, named after it."""
+        queues = ["--work-queue", "default", "--work-queue", prefect_worker_name(name)]
+        command = [
+            *[sys.executable, "-m", "outbox.cli", "worker", "--name", prefect_worker_name(name), "--grace", "60"],
+            *["--", *queues],
+        ]
         return self._spawn(name, command)
 
     def stop_worker(self, name: str) -> int:
@@ -169,9 +232,13 @@ class Stack:
     def _start_prefect(self) -> None:
         port = free_port()
         self.prefect_url = f"http://127.0.0.1:{port}"
+        database = (
+            {"PREFECT_API_DATABASE_CONNECTION_URL": self.prefect_database_url} if self.prefect_database_url else {}
+        )
         self._spawn(
             "prefect-server",
             [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+            database,
         )
         wait_until_answers(f"{self.prefect_url}/api/health", 120, "the Prefect server")
 
@@ -180,9 +247,16 @@ class Stack:
         if done.returncode != 0:
             raise RuntimeError(f"prefect {' '.join(args)} failed: {(done.stdout + done.stderr)[-2000:]}")
 
-    def _spawn(self, name: str, command: list[str]) -> subprocess.Popen[bytes]:
-        log = (self.workdir / f"{name}.log").open("ab")
-        process = subprocess.Popen(command, env=self.env(), cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    def _spawn(self, name: str, command: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+        with (self.workdir / f"{name}.log").open("ab") as log:
+            process = subprocess.Popen(
+                command,
+                env={**self.env(), **(env or {})},
+                cwd=ROOT,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         self.processes[name] = process
         return process
 
@@ -224,7 +298,20 @@ class Stack:
 
     def stop(self) -> None:
         """Workers first (their runs hand back what they have not fenced), then everything else; whatever
-        a child started and left behind goes last."""
+        a child started and left behind goes last. A Ctrl-C meanwhile kills what is left at once."""
+        try:
+            self._stop_in_order()
+        except KeyboardInterrupt:
+            for name in list(self.processes):
+                self.kill(name)
+            raise
+        finally:
+            if self._mailbox is not None:
+                self._mailbox.shutdown()
+            if self.sink is not None:
+                self.sink.stop()
+
+    def _stop_in_order(self) -> None:
         order = sorted(self.processes, key=lambda n: (not n.startswith("worker"), n == "prefect-server"))
         started = [child for name in order for child in descendants(self.processes[name].pid)]
         workers = [self.processes[name] for name in order if name.startswith("worker")]
@@ -243,7 +330,3 @@ class Stack:
                 stop_process(process, 60)
         kill_all(started)
         self.processes.clear()
-        if self._mailbox is not None:
-            self._mailbox.shutdown()
-        if self.sink is not None:
-            self.sink.stop()
