@@ -2,22 +2,24 @@
 
     embedded PostgreSQL (outbox's tables, or OUTBOX_DATABASE_URL; and always the Prefect server's own
     database `prefect`, made afresh) ─ SMTP sink that fails a share of deliveries ─ Prefect server ─
-    deployments ─ metrics exporter ─ worker replicas ─▶ one drain run per worker, waited for until each
-    executor claims ─▶ 2,000 emails over 200 lanes through the example notices (admins unsubscribing
-    meanwhile) ─▶ progress until every action ended ─▶ summary and URLs ─▶ the drain runs cancelled,
-    every process stopped
+    deployments ─ metrics exporter ─ worker replicas
+    ─▶ one drain run per worker, waited for until every executor claims
+    ─▶ the backlog: 2,000 emails over 200 lanes through the example notices, enqueued at once (admins
+       unsubscribing meanwhile), until every one ended
+    ─▶ the pickup probe: 100 emails at 20 a second, each in a lane of its own, on the idle executors
+    ─▶ summary and URLs ─▶ the drain runs cancelled, every process stopped
 
 One run per worker. Each worker takes runs from the pool's `default` queue (where the schedule puts its
 ticks) and from a queue of its own, named after it. The demo puts one drain run in each worker's queue,
 so each replica submits exactly one run (no two workers race for a run), and it waits until every run's
-executor claims before it enqueues anything: the pickup and the throughput measure the system, not the
-start of flow-run processes. The relay counts these runs as any others; the schedule's first tick comes
-300 s after the deployment.
+executor claims before it enqueues anything: no figure includes the start of a flow-run process. The
+relay counts these runs as any others; the schedule's first tick comes 300 s after the deployment.
 
-The figures. The progress bar and the throughput share one clock, from the first enqueue to the moment
-every action had ended. The pickup is, per action, from when it could start (it was due and first
-unended in its lane: an action waits for the one before it in its lane) to its fence, on the database
-clock; actions that never reached a fence (cancelled before) have none.
+The figures. The backlog's progress bar and its throughput share one clock, from its first enqueue to
+the moment its last action ended. Its wait (due to fence) is how long its actions queued behind one
+another in their lanes and for the executors, retries' backoffs included. The pickup is the probe's,
+per action that reached its fence in its first attempt: from when it was due (its enqueue's commit) to
+its fence (the claim, the notice prepared, the fence), on the database clock.
 
 Stopping. The demo cancels its drain runs as an operator would (a cancelled run hands back what it has
 not fenced and is not replaced), waits until they ended, then stops the workers, the exporter and the
@@ -32,7 +34,6 @@ Only this process and the workers it starts register the example notices.
 
 from __future__ import annotations
 
-import contextlib
 import random
 import shutil
 import time
@@ -61,9 +62,8 @@ console = Console()
 
 # the Prefect server's database on the embedded PostgreSQL
 PREFECT_DATABASE = "prefect"
-# how long the drain runs get to start and claim, and to end once cancelled
+# how long the drain runs get to start and claim
 EXECUTORS_START_SECONDS = 180.0
-EXECUTORS_END_SECONDS = 60.0
 # the pickup probe: this many emails, one per transaction, at this rate, once the backlog has drained
 PROBE_EMAILS = 100
 PROBE_RATE = 20
@@ -166,11 +166,8 @@ def run_demo(
     except KeyboardInterrupt:
         console.print("stopping")
     finally:
-        with console.status("stopping every process the demo started"):
-            if stack.prefect_url:
-                with contextlib.suppress(OSError):  # the Prefect server is gone: the workers stop their runs
-                    stack.cancel_drain_runs(EXECUTORS_END_SECONDS)
-            stack.stop()
+        with console.status("cancelling the drain runs; stopping every process the demo started"):
+            stack.stop(cancel_drain_runs_first=True)
         engine.dispose()
 
 
@@ -206,7 +203,7 @@ def run_workload(engine: Engine, emails: int, lanes: int, unsubscribe: float, ti
         backlog = enqueue(engine, alerts)
         unsubscribe_some(engine, backlog, unsubscribe)
         wait_for_the_end(progress, bar, engine, backlog, timeout)
-        probe_bar = progress.add_task(f"pickup probe: {PROBE_RATE} emails/s enqueued, ended", total=PROBE_EMAILS)
+        probe_bar = progress.add_task(f"pickup probe: emails enqueued at {PROBE_RATE}/s, ended", total=PROBE_EMAILS)
         probe = enqueue_paced(engine, probe_alerts, PROBE_RATE)
         wait_for_the_end(progress, probe_bar, engine, probe, timeout)
     seconds = progress.tasks[bar].finished_time

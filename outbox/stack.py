@@ -41,8 +41,10 @@ from outbox.worker import PrefectApi
 
 ROOT = Path(__file__).resolve().parent.parent
 DRAIN_DEPLOYMENT = "outbox-drain/outbox-drain"
-# the flow-run states of a run that has not ended
-UNENDED = ["SCHEDULED", "PENDING", "RUNNING", "CANCELLING", "PAUSED"]
+# how long cancelled drain runs get to hand back and end before their workers are stopped
+CANCEL_WAIT_SECONDS = 60.0
+# the states of a flow run that a worker took and that has not ended
+SUBMITTED = ["PENDING", "RUNNING", "CANCELLING", "PAUSED"]
 
 
 def descendants(pid: int) -> list[psutil.Process]:
@@ -167,11 +169,12 @@ class Stack:
         return list(self.prefect_api().call("POST", "/flow_runs/filter", body))
 
     def cancel_drain_runs(self, timeout: float) -> None:
-        """Cancel every outbox-drain run that has started and not ended, as an operator would (a cancelled
-        run hands back what it has not fenced, and nothing takes its place), and wait until they ended."""
+        """Cancel every outbox-drain run a worker took that has not ended, as an operator would (a cancelled
+        run hands back what it has not fenced, and nothing takes its place), and wait until they ended, for
+        at most `timeout` seconds."""
         body = {
             "deployments": {"name": {"any_": [DRAIN_DEPLOYMENT.partition("/")[2]]}},
-            "flow_runs": {"state": {"type": {"any_": [state for state in UNENDED if state != "SCHEDULED"]}}},
+            "flow_runs": {"state": {"type": {"any_": SUBMITTED}}},
         }
         runs = self.prefect_api().call("POST", "/flow_runs/filter", body)
         for run in runs:
@@ -179,7 +182,7 @@ class Stack:
             self.prefect_api().call("POST", f"/flow_runs/{run['id']}/set_state", cancelling)
         ids = [run["id"] for run in runs]
         deadline = time.monotonic() + timeout
-        while ids and any(run["state_type"] in UNENDED for run in self.flow_runs(ids)):
+        while ids and any(run["state_type"] in SUBMITTED for run in self.flow_runs(ids)):
             if time.monotonic() > deadline:
                 return  # stop() hands them back through their workers
             time.sleep(0.5)
@@ -296,10 +299,15 @@ class Stack:
         kill_all(children)
         process.wait(10)
 
-    def stop(self) -> None:
+    def stop(self, *, cancel_drain_runs_first: bool = False) -> None:
         """Workers first (their runs hand back what they have not fenced), then everything else; whatever
-        a child started and left behind goes last. A Ctrl-C meanwhile kills what is left at once."""
+        a child started and left behind goes last. With `cancel_drain_runs_first`, the drain runs are
+        cancelled before (nothing replaces them) and given CANCEL_WAIT_SECONDS to end; a Prefect server
+        that does not answer leaves that to the workers. A Ctrl-C meanwhile kills what is left at once."""
         try:
+            if cancel_drain_runs_first and self.prefect_url:
+                with contextlib.suppress(OSError):
+                    self.cancel_drain_runs(CANCEL_WAIT_SECONDS)
             self._stop_in_order()
         except KeyboardInterrupt:
             for name in list(self.processes):

