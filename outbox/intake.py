@@ -110,7 +110,7 @@ def _same_json(first: Any, second: Any) -> bool:
     return json.dumps(first, sort_keys=True) == json.dumps(second, sort_keys=True)
 
 
-def differing_fields(request: ValidRequest, action: Action) -> tuple[str, ...]:
+def _differing_fields(request: ValidRequest, action: Action) -> tuple[str, ...]:
     """The fields of `request` that say what the effect is, and whom and where it addresses, and hold other
     values than `action`, which held its key before. The payload counts while the action keeps it (an ended
     action keeps none); the delivery options (max_attempts, expires_at, proposed) do not count."""
@@ -132,7 +132,7 @@ def differing_fields(request: ValidRequest, action: Action) -> tuple[str, ...]:
 
 def _reused(request: ValidRequest, action: Action) -> Action:
     """`action`, which held the request's key before this request: as it is, with the fields that differ."""
-    differing = differing_fields(request, action)
+    differing = _differing_fields(request, action)
     if differing:
         log.warning(
             "enqueue: idempotency key %r already holds action %d (kind %s); this request differs in %s;"

@@ -41,48 +41,45 @@ _NO_ACTION = ", ".join("NULL" for _ in ACTION_COLUMNS.split(","))
 
 # Many actions in one statement, in the order given (a lane runs in id order). It inserts nothing when a
 # kind of the batch has no row in agent_action_kind or a row that declares it otherwise than the code does
-# (`:kinds`: each kind of the batch as the code declares it), and returns those kinds with their rows; nor
-# when an expires_at has passed on the database clock, and returns the first such one. So neither the
-# foreign key nor the guard refuses it, and the caller's transaction stays usable. A repeated idempotency
-# key inserts nothing: the statement also returns the rows that held the key before it began (`created`
-# false); a racing duplicate waits for the first to commit, and its row is read by `SELECT_ACTIONS_BY_KEY`
-# (a new snapshot).
+# (`:kinds`: each kind of the batch as the code declares it), nor when an expires_at has passed on the
+# database clock; it returns why instead, as `refusal` rows (each such kind with its row, and the first
+# such expiry). So neither the foreign key nor the guard refuses it, and the caller's transaction stays
+# usable. A repeated idempotency key inserts nothing: the statement also returns the rows that held the
+# key before it began (`created` false); a racing duplicate waits for the first to commit, and its row is
+# read by `SELECT_ACTIONS_BY_KEY` (a new snapshot). The refusals share one column, since every column of
+# the result costs the caller's driver time on every enqueue.
 INSERT_ACTIONS = text(f"""
 WITH input AS MATERIALIZED (
     SELECT r->>0 AS kind, (r->>1)::bigint AS workspace_id, r->>2 AS lane_key, r->>3 AS idempotency_key,
            r->>4 AS payload, (r->>5)::bigint AS subject_account_id, (r->>6)::int AS max_attempts,
            (r->>7)::timestamptz AS expires_at, r->>8 AS state, position
       FROM jsonb_array_elements(CAST(:requests AS jsonb)) WITH ORDINALITY AS i (r, position)
-), undeclared AS MATERIALIZED (
-    SELECT d->>0 AS kind,
-           CASE WHEN k.name IS NOT NULL THEN jsonb_build_object('at_most_once', k.at_most_once,
-                'instance_level', k.instance_level, 'workspace_level', k.workspace_level) END AS kind_row
+), refused AS MATERIALIZED (
+    SELECT jsonb_build_object('kind', d->>0, 'row', CASE WHEN k.name IS NOT NULL THEN jsonb_build_object(
+               'at_most_once', k.at_most_once, 'instance_level', k.instance_level,
+               'workspace_level', k.workspace_level) END) AS refusal
       FROM jsonb_array_elements(CAST(:kinds AS jsonb)) AS d
       LEFT JOIN agent_action_kind AS k ON k.name = d->>0
      WHERE (k.at_most_once, k.instance_level, k.workspace_level)
            IS DISTINCT FROM ((d->>1)::boolean, (d->>2)::boolean, (d->>3)::boolean)
-), expired AS MATERIALIZED (
-    SELECT position, clock_timestamp() AS database_now FROM input
-     WHERE expires_at <= clock_timestamp() ORDER BY position LIMIT 1
+    UNION ALL
+    (SELECT jsonb_build_object('expired_position', position, 'database_now', clock_timestamp()) FROM input
+      WHERE expires_at <= clock_timestamp() ORDER BY position LIMIT 1)
 ), inserted AS (
     INSERT INTO agent_action (kind, workspace_id, lane_key, idempotency_key, payload,
                               subject_account_id, max_attempts, expires_at, state)
     SELECT kind, workspace_id, lane_key, idempotency_key, CAST(payload AS jsonb),
            subject_account_id, max_attempts, expires_at, state
-      FROM input WHERE NOT EXISTS (SELECT FROM undeclared) AND NOT EXISTS (SELECT FROM expired) ORDER BY position
+      FROM input WHERE NOT EXISTS (SELECT FROM refused) ORDER BY position
     ON CONFLICT (idempotency_key) DO NOTHING
     RETURNING {ACTION_COLUMNS}
 )
-SELECT true AS created, NULL::text AS undeclared_kind, NULL::jsonb AS kind_row, NULL::bigint AS expired_position,
-       NULL::timestamptz AS database_now, {ACTION_COLUMNS} FROM inserted
+SELECT true AS created, NULL::jsonb AS refusal, {ACTION_COLUMNS} FROM inserted
 UNION ALL
-SELECT false, NULL, NULL, NULL, NULL, {ACTION_COLUMNS} FROM agent_action
- WHERE idempotency_key = ANY (ARRAY(SELECT idempotency_key FROM input))
-   AND NOT EXISTS (SELECT FROM undeclared) AND NOT EXISTS (SELECT FROM expired)
+SELECT false, NULL, {ACTION_COLUMNS} FROM agent_action
+ WHERE idempotency_key = ANY (ARRAY(SELECT idempotency_key FROM input)) AND NOT EXISTS (SELECT FROM refused)
 UNION ALL
-SELECT NULL, kind, kind_row, NULL, NULL, {_NO_ACTION} FROM undeclared
-UNION ALL
-SELECT NULL, NULL, NULL, position, database_now, {_NO_ACTION} FROM expired
+SELECT NULL, refusal, {_NO_ACTION} FROM refused
 """)
 SELECT_ACTIONS_BY_KEY = text(
     f"SELECT {ACTION_COLUMNS} FROM agent_action WHERE idempotency_key = ANY (CAST(:keys AS text[]))"
@@ -134,16 +131,22 @@ def insert_actions(requests: Sequence[ValidRequest]) -> Query[Inserted]:
 
 
 def _inserted(rows: list[dict[str, Any]]) -> Inserted:
-    undeclared: dict[str, dict[str, bool] | None] = {}
-    expired = None
+    by_key: dict[str, Action] = {}
+    refusals = []
     for row in rows:
-        if row["undeclared_kind"] is not None:
-            undeclared[row["undeclared_kind"]] = row["kind_row"]
-        elif row["expired_position"] is not None:
-            expired = (row["expired_position"] - 1, row["database_now"])
-    if undeclared or expired is not None:
-        return Inserted({}, undeclared, expired)
-    return Inserted({row["idempotency_key"]: Action.from_row(row, created=row["created"]) for row in rows})
+        if row["refusal"] is None:
+            by_key[row["idempotency_key"]] = Action.from_row(row, created=row["created"])
+        else:
+            refusals.append(row["refusal"])
+    return _refused(refusals) if refusals else Inserted(by_key)
+
+
+def _refused(refusals: list[dict[str, Any]]) -> Inserted:
+    undeclared = {r["kind"]: r["row"] for r in refusals if "kind" in r}
+    expired = [
+        (r["expired_position"] - 1, datetime.fromisoformat(r["database_now"])) for r in refusals if "kind" not in r
+    ]
+    return Inserted({}, undeclared, expired[0] if expired else None)
 
 
 def actions_by_key(keys: Sequence[str]) -> Query[dict[str, Action]]:
