@@ -216,7 +216,6 @@ class Stack:
             "OUTBOX_SMTP_TLS": "none",
             "OUTBOX_SMTP_SENDER": "outbox@example.com",
             "OUTBOX_SMTP_TIMEOUT_SECONDS": "5",
-            "OUTBOX_PROJECT_DIR": str(ROOT),
             "OUTBOX_ADAPTERS": self.adapters,
             "OUTBOX_LEASE_SECONDS": str(self.lease_seconds),
             "PREFECT_HOME": str(self.workdir / "prefect"),
