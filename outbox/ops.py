@@ -11,7 +11,7 @@ from datetime import timedelta
 
 from sqlalchemy import Connection, TextClause
 
-from outbox import store, store_ops
+from outbox import store, store_metrics, store_ops
 from outbox.action import Action
 from outbox.errors import ActionNotFound, InvalidRequest
 from outbox.limits import MAX_PAGE
@@ -39,9 +39,12 @@ class UncertainCount:
 @dataclass(frozen=True)
 class Status:
     unended: tuple[StateKindCount, ...]
-    # ADMITTED and due, whether or not its lane lets it start yet
+    # what an executor could claim now: due lane heads with nothing of their lane executing, and lost leases
+    # it takes back (the figure of `outbox_due_actions`)
     due: int
     oldest_due_seconds: float | None
+    # ADMITTED and due, but behind their lane's head or its executing action (`outbox_lane_waiting_actions`)
+    waiting_for_lane: int
     lanes_with_backlog: int
     lanes_ready: int
     lanes_executing: int
@@ -52,12 +55,15 @@ class Status:
 
 
 def status(conn: Connection) -> Status:
-    """Unended actions by state and kind, the oldest due action, lanes, leases, recent UNCERTAIN actions."""
+    """Unended actions by state and kind, what is due now and what waits for its lane, lanes, leases, recent
+    UNCERTAIN actions."""
     unended = tuple(
         StateKindCount(ActionState(row.state), row.kind, row.actions)
         for row in conn.execute(store_ops.COUNT_UNENDED_BY_STATE_AND_KIND)
     )
-    due = conn.execute(store_ops.DUE_ACTIONS).one()
+    claimable = conn.execute(store_metrics.CLAIMABLE_BY_KIND).all()
+    due_admitted = sum(row.actions for row in conn.execute(store_metrics.DUE_ADMITTED_BY_KIND))
+    ages = [row.oldest_due_seconds for row in claimable if row.oldest_due_seconds is not None]
     lanes = conn.execute(store_ops.COUNT_LANES).one()
     window = UNCERTAIN_WINDOW.total_seconds()
     uncertain = tuple(
@@ -66,8 +72,9 @@ def status(conn: Connection) -> Status:
     )
     return Status(
         unended=unended,
-        due=due.actions,
-        oldest_due_seconds=due.oldest_due_seconds,
+        due=sum(row.actions for row in claimable),
+        oldest_due_seconds=max(ages, default=None),
+        waiting_for_lane=due_admitted - sum(row.heads for row in claimable),
         lanes_with_backlog=lanes.with_backlog,
         lanes_ready=lanes.ready,
         lanes_executing=lanes.executing,

@@ -25,11 +25,6 @@ SELECT state, kind, count(*) AS actions FROM agent_action
 """)
 
 # ADMITTED and due, whether or not its lane lets it start: the oldest is the first entry of the index.
-DUE_ACTIONS = text("""
-SELECT count(*) AS actions, extract(epoch FROM now() - min(due_at))::float8 AS oldest_due_seconds
-  FROM agent_action WHERE state = 'ADMITTED' AND due_at <= now()
-""")
-
 # agent_lane holds one row per lane with an unended action, so it is small.
 COUNT_LANES = text("""
 SELECT count(*) FILTER (WHERE head_id IS NOT NULL) AS with_backlog,

@@ -54,13 +54,15 @@ def test_status_shows_the_backlog_lanes_leases_and_recent_uncertain_actions(engi
         {"state": "EXECUTING", "kind": NOOP, "actions": 1},
         {"state": "PROPOSED", "kind": NOOP, "actions": 1},
     ]
-    assert status["due"] == 2 and status["oldest_due_seconds"] >= 0
+    # claimable now: the lost lease and lane-1's head; lane-1's second action waits for its head
+    assert status["due"] == 2 and status["oldest_due_seconds"] >= 0 and status["waiting_for_lane"] == 1
     assert (status["lanes_with_backlog"], status["lanes_ready"], status["lanes_executing"]) == (2, 1, 1)
     assert (status["executing"], status["expired_leases"]) == (1, 1)
     assert status["uncertain"] == [{"kind": NOOP, "stop_reason": "PROVIDER_UNCERTAIN", "actions": 1}]
 
     shown = ok(cli("status")).out
     assert "1 executing, 1 expired" in shown and "UNCERTAIN in the last 24 h: 1" in shown
+    assert "due: 2 to claim now" in shown and "1 more due, waiting for their lane" in shown
 
 
 def test_lanes_shows_the_deepest_and_the_oldest(engine: Engine, cli: Cli) -> None:

@@ -55,7 +55,10 @@ def status(
     for count in report.unended:
         table.add_row(printable(count.state), printable(count.kind), f"{count.actions:,}")
     out.print(table)
-    out.print(f"due: {report.due:,} ADMITTED and due, the oldest due for {format_age(report.oldest_due_seconds)}")
+    out.print(
+        f"due: {report.due:,} to claim now, the oldest due for {format_age(report.oldest_due_seconds)};"
+        f" {report.waiting_for_lane:,} more due, waiting for their lane"
+    )
     out.print(
         f"lanes: {report.lanes_with_backlog:,} with a backlog, {report.lanes_ready:,} ready,"
         f" {report.lanes_executing:,} executing"
