@@ -98,7 +98,7 @@ def test_the_adapter_example_runs_as_a_script(database_url: str, engine: Engine,
     code, _ = example("adapter")
     (tmp_path / "ping.py").write_text(code)
     env = {**os.environ, "OUTBOX_DATABASE_URL": database_url}
-    for expected in ("sent [1]", "sent []"):  # the second run's enqueue returns the first, ended action
+    for expected in ("carried out 1", "carried out 0"):  # the second run's enqueue returns the first, ended action
         ran = subprocess.run(
             [sys.executable, "ping.py"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
         )
