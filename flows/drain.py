@@ -19,9 +19,10 @@ No Prefect task per action: an action is plain Python inside the run, so Prefect
 records never fight the outbox's own attempts. SIGTERM (from `outbox worker` when its replica stops, or
 from a cancellation) stops the executor the outbox way: claimed actions that have not fenced go back to
 their lanes, fenced ones finish inside their window, and the run ends Completed. A run whose replica
-stops (not a cancelled one) first starts a run to take its place and keeps its executor until that run
-claims (at most 30 s), so a restart never leaves the executors short by the runs it held. Each run is a fresh
-subprocess, which is why the metrics live in the database.
+stops (not a cancelled one) first starts a run to take its place and, when another worker of its pool is
+ONLINE to take that run, keeps its executor until that run claims (at most 30 s), so a restart never leaves
+the executors short by the runs it held. With no other worker ONLINE it stops at once: its replacement waits
+for the next worker to start. Each run is a fresh subprocess, which is why the metrics live in the database.
 
 Events: `outbox.action.uncertain` (any kind) and `outbox.action.failed` (EMAIL). The resource is the action
 (`outbox.action.<id>`) with its kind, state, reason and, for an email, the notice's name; never a recipient
@@ -182,13 +183,14 @@ async def _stop_on(stop_requested: asyncio.Event, executor: Executor, logger: An
 
 async def replace_before_stopping(logger: Any) -> None:
     """A deployment run stopped by its worker (not cancelled) drops its `kind:` tags (the relay no longer
-    counts it), asks for a run to take its place now, and keeps its executor until that run claims, for at
-    most REPLACEMENT_WAIT_SECONDS: a replica restarted while it holds every executor leaves none missing.
-    Its own worker takes no new run while it stops, so another replica takes the replacement."""
+    counts it), asks for a run to take its place now and, when another worker of its pool is ONLINE, keeps
+    its executor until that run claims, for at most REPLACEMENT_WAIT_SECONDS: a replica restarted while it
+    holds every executor leaves none missing. Its own worker takes no new run while it stops, so another
+    replica takes the replacement; with none ONLINE, the next worker to start takes it."""
     me = deployment_run()
     if me is None:
         return
-    assert me.deployment_id is not None  # deployment_run says so
+    assert me.deployment_id is not None and me.work_pool_name is not None  # deployment_run says so
     async with get_client() as client:
         current = await client.read_flow_run(me.id)
         # no longer counted by the relay: a stopping run must not make another one hand over
@@ -196,6 +198,11 @@ async def replace_before_stopping(logger: Any) -> None:
         if current.state is not None and current.state.type == StateType.CANCELLING:
             return  # cancelled by an operator: nothing takes its place
         replacement = await client.create_flow_run_from_deployment(me.deployment_id)
+        if not await other_workers_online(client, me.work_pool_name):
+            logger.info(
+                "stopping: run %s takes over once a worker of pool %s starts", replacement.name, me.work_pool_name
+            )
+            return
         logger.info("stopping: run %s takes over", replacement.name)
         deadline = asyncio.get_running_loop().time() + REPLACEMENT_WAIT_SECONDS
         while asyncio.get_running_loop().time() < deadline:
@@ -204,6 +211,16 @@ async def replace_before_stopping(logger: Any) -> None:
                 return
             await asyncio.sleep(1.0)
         logger.warning("stopping: run %s did not claim within %.0f s", replacement.name, REPLACEMENT_WAIT_SECONDS)
+
+
+async def other_workers_online(client: PrefectClient, work_pool_name: str) -> list[str]:
+    """The names of the pool's ONLINE workers (a heartbeat within three of their intervals) other than the
+    one that started this run."""
+    workers = await client.read_workers_for_work_pool(
+        work_pool_name, worker_filter=WorkerFilter(status=WorkerFilterStatus(any_=["ONLINE"]))
+    )
+    mine = os.environ.get("PREFECT__WORKER_NAME")
+    return [worker.name for worker in workers if worker.name != mine]
 
 
 async def tag_when_claiming(executor: Executor, environment: str, logger: Any) -> None:

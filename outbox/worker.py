@@ -1,16 +1,24 @@
 """`outbox worker`: a Prefect process worker that stops in order.
 
     outbox worker ─▶ python -m prefect worker start --pool POOL --type process --name NAME [options]
-                     (in a session of its own: a Ctrl-C reaches this supervisor only)
+                     (in a session of its own: a Ctrl-C reaches this supervisor only; its stderr, and its
+                     flow runs', pass through this supervisor)
     first SIGTERM or SIGINT:
-      1. SIGSTOP the Prefect worker, so it takes no new run while its runs stop
+      1. SIGSTOP the Prefect worker, so it takes no new run while its runs stop, and remove it from the
+         pool's workers in the Prefect API: no stopping run (its own, or another replica's stopping at the
+         same time) counts it as a worker that could take its replacement
       2. each flow run it started: Running ─▶ SIGTERM (the drain hands back and ends Completed)
                                    not Running yet ─▶ SIGKILL, then set Cancelled through the Prefect API
                                    ended (its process finishing) ─▶ left to exit
       3. wait for the Running ones to exit (at most `grace` seconds; then SIGKILL: their leases expire
          and another replica takes their actions back, or ends an at-most-once one UNCERTAIN)
-      4. SIGCONT and SIGTERM the Prefect worker; exit with its exit code
+      4. SIGCONT and SIGTERM the Prefect worker; once it has exited, remove it from the pool's workers
+         again (its last heartbeat may have listed it); exit with its exit code
     second SIGTERM or SIGINT: SIGKILL the worker and its runs now
+
+A worker stopped for longer than its websockets' keepalive (about 20 s) finds them closed when it
+continues, and Prefect logs each as a warning with a traceback. Those warnings, from the SIGCONT on, are
+an effect of the stop itself: the supervisor drops them (and only them) from the stderr it passes on.
 
 Why: on SIGTERM, Prefect's process worker kills the processes of its flow runs at once. Their runs stay
 Running until a zombie automation marks them Crashed, and a run it had just submitted stays Pending.
@@ -26,17 +34,19 @@ import contextlib
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from types import FrameType
-from typing import Any
+from typing import IO, Any
 
 import psutil
 
@@ -50,6 +60,10 @@ UNSTARTED = frozenset({"SCHEDULED", "PENDING"})
 STOPPABLE = frozenset({"RUNNING", "CANCELLING", "PAUSED"})
 # the answers of a Prefect server that is busy rather than refusing
 BUSY = frozenset({429, 502, 503})
+# the warning a Prefect observer logs when it finds its events websocket closed (a traceback follows)
+WEBSOCKET_FAILED = re.compile(rb"Observer websocket failed with an exception")
+# the first line of a record in Prefect's console log format (`HH:MM:SS.mmm | LEVEL | ...`)
+RECORD_START = re.compile(rb"^\d\d:\d\d:\d\d\.\d+ \| ")
 
 
 class WorkerSetupError(OutboxError):
@@ -63,7 +77,8 @@ class FlowRunProcess:
 
 
 class PrefectApi:
-    """The two calls the supervisor makes: a flow run's state type, and ending a run Cancelled."""
+    """The calls the supervisor makes: a flow run's state type, ending a run Cancelled, and removing a
+    worker from its pool's workers."""
 
     def __init__(self, url: str, api_key: str | None, auth_string: str | None) -> None:
         self.url = url.rstrip("/")
@@ -88,6 +103,16 @@ class PrefectApi:
     def cancel(self, run_id: str, message: str) -> None:
         body = {"state": {"type": "CANCELLED", "message": message}, "force": True}
         self.call("POST", f"/flow_runs/{run_id}/set_state", body)
+
+    def remove_worker(self, pool: str, name: str) -> None:
+        """Remove a worker from its pool's workers (it is listed again at its next heartbeat); one that is
+        not listed is left as it is."""
+        path = f"/work_pools/{urllib.parse.quote(pool, safe='')}/workers/{urllib.parse.quote(name, safe='')}"
+        try:
+            self.call("DELETE", path)
+        except urllib.error.HTTPError as error:
+            if error.code != 404:
+                raise
 
     def call(self, method: str, path: str, body: object | None = None) -> Any:
         """One call to the API (`path` under its URL), its JSON answer. A busy server (429, 502, 503: Prefect
@@ -142,10 +167,13 @@ def flow_run_processes(worker_pid: int) -> list[FlowRunProcess]:
 
 
 class Supervisor:
-    def __init__(self, command: list[str], api: PrefectApi, grace_seconds: float) -> None:
+    def __init__(self, command: list[str], api: PrefectApi, grace_seconds: float, pool: str, name: str) -> None:
         self.command = command
         self.api = api
         self.grace_seconds = grace_seconds
+        self.pool = pool
+        self.name = name
+        self.stderr = StopNoiseFilter(sys.stderr.buffer)
         self._signals = 0
         self._stop = threading.Event()
         self._worker: subprocess.Popen[bytes] | None = None
@@ -153,12 +181,20 @@ class Supervisor:
     def run(self) -> int:
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
-        self._worker = subprocess.Popen(self.command, start_new_session=True)
+        self._worker = subprocess.Popen(self.command, start_new_session=True, stderr=subprocess.PIPE)
+        assert self._worker.stderr is not None  # asked for above
+        relay = threading.Thread(target=self.stderr.relay, args=(self._worker.stderr,), daemon=True)
+        relay.start()
         while self._worker.poll() is None and not self._stop.wait(0.5):
             pass
-        if self._worker.poll() is None:
+        stopping = self._worker.poll() is None
+        if stopping:
             self.stop_in_order(self._worker)
-        return self._worker.wait()
+        code = self._worker.wait()
+        if stopping:
+            self._leave_pool()
+        relay.join(10)  # its flow runs have ended: the pipe closes with the worker
+        return code
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         self._signals += 1
@@ -174,6 +210,7 @@ class Supervisor:
         log.info("stopping: the worker takes no new run; its runs hand back and end")
         worker.send_signal(signal.SIGSTOP)
         try:
+            self._leave_pool()
             running = []
             for run in flow_run_processes(worker.pid):
                 state = self._state_type(run.run_id)
@@ -188,8 +225,15 @@ class Supervisor:
                 with contextlib.suppress(psutil.NoSuchProcess):
                     process.kill()
         finally:
+            self.stderr.stopping.set()
             worker.send_signal(signal.SIGCONT)
             worker.send_signal(signal.SIGTERM)
+
+    def _leave_pool(self) -> None:
+        try:
+            self.api.remove_worker(self.pool, self.name)
+        except OSError as error:  # the API cannot be reached: the worker stays listed until it goes OFFLINE
+            log.warning("cannot remove worker %s from pool %s (%s)", self.name, self.pool, error)
 
     def _state_type(self, run_id: str) -> str | None:
         try:
@@ -205,6 +249,29 @@ class Supervisor:
             self.api.cancel(run.run_id, "Its worker stopped before the run started.")
         except OSError as error:
             log.warning("cannot cancel flow run %s (%s): it stays as it is", run.run_id, error)
+
+
+class StopNoiseFilter:
+    """Passes the worker's stderr on, line by line. Once `stopping` is set (the worker continues after the
+    stop), a websocket-failed warning of a Prefect observer is dropped with the traceback that follows it,
+    up to the next log record; every other line passes as it came."""
+
+    def __init__(self, target: IO[bytes]) -> None:
+        self.target = target
+        self.stopping = threading.Event()
+        self._dropping = False
+
+    def relay(self, source: Iterable[bytes]) -> None:
+        for line in source:
+            if self.passes(line):
+                self.target.write(line)
+                self.target.flush()
+
+    def passes(self, line: bytes) -> bool:
+        if self._dropping and not RECORD_START.match(line):
+            return False
+        self._dropping = self.stopping.is_set() and bool(WEBSOCKET_FAILED.search(line))
+        return not self._dropping
 
 
 def wait_for_exit(processes: list[psutil.Process], timeout: float) -> list[psutil.Process]:

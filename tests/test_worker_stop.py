@@ -2,19 +2,32 @@
 worker starts three flow-run processes (each names its run in PREFECT__FLOW_RUN_ID, as Prefect's worker
 does): one whose run is Running, one whose run is still Pending, one whose run has just ended. The stop
 sends SIGTERM to the Running one only, ends the Pending run Cancelled after killing its process, leaves
-the ended run as it was, and stops the worker last."""
+the ended run as it was, and stops the worker last.
+
+Then a real `outbox worker` with a real drain run: alone in its pool, its run does not wait for a
+replacement that nothing would take, and the stop prints no traceback. A stopping run counts the pool's
+other ONLINE workers, never its own nor one that its supervisor removed; the websocket warnings a worker
+logs when it continues from a long stop are dropped then, and shown in normal running."""
 
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import psutil
+import pytest
+from prefect.client.orchestration import get_client
+from prefect.workers.process import ProcessWorker
 
-from outbox.worker import PrefectApi, Supervisor, flow_run_processes
+from flows.drain import REPLACEMENT_WAIT_SECONDS, other_workers_online
+from outbox.stack import ROOT, descendants, kill_all
+from outbox.worker import PrefectApi, StopNoiseFilter, Supervisor, flow_run_processes
 from tests.prefect_server import PrefectServer
 from tests.support import prefect_post, until
 
@@ -67,7 +80,8 @@ def test_a_stopping_worker_stops_running_runs_cancels_unstarted_ones_and_leaves_
         ready = [Path(f"{marker}.ready") for marker in markers.values()]
         until(lambda: all(path.exists() for path in ready), timeout=30, what="the flow-run processes' handlers")
         processes = {run.run_id: run.process for run in flow_run_processes(worker.pid)}
-        supervisor = Supervisor([], PrefectApi(f"{prefect_server.url}/api", None, None), grace_seconds=10)
+        api = PrefectApi(f"{prefect_server.url}/api", None, None)
+        supervisor = Supervisor([], api, grace_seconds=10, pool="outbox-stand-in", name="stand-in")
         supervisor.stop_in_order(worker)
         assert worker.wait(30) == 0
     finally:
@@ -82,3 +96,147 @@ def test_a_stopping_worker_stops_running_runs_cancels_unstarted_ones_and_leaves_
     assert state_of(prefect_server, runs["COMPLETED"])["type"] == "COMPLETED"
     assert state_of(prefect_server, runs["RUNNING"])["type"] == "RUNNING"  # the run reports its own end
     assert not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in processes.values())
+
+
+# ---- a real `outbox worker` running a real drain run ------------------------------------------------------
+
+
+@dataclass
+class RealWorker:
+    """`outbox worker` as a subprocess, its stdout and stderr in files of their own."""
+
+    process: subprocess.Popen[bytes]
+    stdout: Path
+    stderr: Path
+
+    def output(self) -> str:
+        return self.stdout.read_text(errors="replace") + self.stderr.read_text(errors="replace")
+
+
+def drain_deployment(server: PrefectServer, pool: str) -> str:
+    """A process work pool of its own, and outbox-drain on it from this checkout (named after the pool), its
+    executor carrying out the NOOP test kind. Returns the deployment's id."""
+    template = ProcessWorker.get_default_base_job_template()
+    server.post("/work_pools/", {"name": pool, "type": "process", "base_job_template": template})
+    flow_id = server.post("/flows/", {"name": "outbox-drain"})["id"]
+    body = {
+        "name": pool,
+        "flow_id": flow_id,
+        "work_pool_name": pool,
+        "entrypoint": "flows/drain.py:drain",
+        "pull_steps": [{"prefect.deployments.steps.set_working_directory": {"directory": str(ROOT)}}],
+        "parameters": {"adapters": "tests.adapters:recording_adapters"},
+    }
+    return str(server.post("/deployments/", body)["id"])
+
+
+@pytest.fixture
+def workers() -> Iterator[list[RealWorker]]:
+    """The real workers a test starts; whatever is left of them is killed after it, by PID."""
+    started: list[RealWorker] = []
+    yield started
+    for worker in started:
+        if worker.process.poll() is None:
+            kill_all(descendants(worker.process.pid))
+            worker.process.kill()
+            worker.process.wait(10)
+
+
+def start_worker(server: PrefectServer, database_url: str, tmp_path: Path, pool: str, name: str) -> RealWorker:
+    env = {
+        **server.env(),
+        "PYTHONPATH": str(ROOT),
+        "OUTBOX_DATABASE_URL": database_url,
+        "OUTBOX_TEST_RECORD_FILE": str(tmp_path / "attempts.jsonl"),
+        "PREFECT_WORKER_QUERY_SECONDS": "1",
+        "PREFECT_WORKER_PREFETCH_SECONDS": "5",
+    }
+    stdout, stderr = tmp_path / f"{name}.out", tmp_path / f"{name}.err"
+    command = [sys.executable, "-m", "outbox.cli", "worker", "--pool", pool, "--name", name, "--grace", "60"]
+    with stdout.open("wb") as out, stderr.open("wb") as err:
+        process = subprocess.Popen(command, env=env, cwd=ROOT, stdout=out, stderr=err)
+    return RealWorker(process, stdout, stderr)
+
+
+def claiming_run(server: PrefectServer, deployment_id: str) -> dict[str, Any]:
+    """Start a run of the deployment now and wait until its executor claims (the run tags itself kind:...)."""
+    run_id = server.post(f"/deployments/{deployment_id}/create_flow_run", {})["id"]
+    until(lambda: "kind:TEST_NOOP" in run_of(server, run_id)["tags"], timeout=180, what="the drain run to claim")
+    return run_of(server, run_id)
+
+
+def run_of(server: PrefectServer, run_id: str) -> dict[str, Any]:
+    return dict(server.post("/flow_runs/filter", {"flow_runs": {"id": {"any_": [run_id]}}})[0])
+
+
+def stopped(worker: RealWorker, within: float) -> int:
+    """SIGTERM the worker, as a replica being stopped; its exit code, once it has exited within `within` s."""
+    worker.process.send_signal(signal.SIGTERM)
+    return worker.process.wait(within)
+
+
+def test_a_worker_alone_in_its_pool_stops_its_run_at_once_and_prints_no_traceback(
+    prefect_server: PrefectServer, database_url: str, tmp_path: Path, workers: list[RealWorker]
+) -> None:
+    deployment_id = drain_deployment(prefect_server, "alone")
+    worker = start_worker(prefect_server, database_url, tmp_path, "alone", "outbox-alone")
+    workers.append(worker)
+    run = claiming_run(prefect_server, deployment_id)
+
+    # no other worker is ONLINE: nothing would take the replacement, so the run does not wait for it
+    # (REPLACEMENT_WAIT_SECONDS): the worker exits well before the wait could have passed
+    assert stopped(worker, within=REPLACEMENT_WAIT_SECONDS - 10) == 0, worker.output()
+    assert run_of(prefect_server, run["id"])["state_type"] == "COMPLETED"
+    assert "Traceback" not in worker.output(), worker.output()
+    # its replacement waits, Scheduled, for the next worker to start
+    runs = prefect_server.post("/flow_runs/filter", {"deployments": {"id": {"any_": [deployment_id]}}})
+    assert {r["state_type"] for r in runs if r["id"] != run["id"]} == {"SCHEDULED"}
+
+
+async def test_a_stopping_run_counts_the_pools_other_online_workers_and_a_removed_worker_is_not_one(
+    prefect_server: PrefectServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    template = ProcessWorker.get_default_base_job_template()
+    prefect_server.post("/work_pools/", {"name": "counted", "type": "process", "base_job_template": template})
+    for name in ("outbox-me", "outbox-other"):
+        prefect_server.post("/work_pools/counted/workers/heartbeat", {"name": name, "heartbeat_interval_seconds": 30})
+    monkeypatch.setenv("PREFECT__WORKER_NAME", "outbox-me")  # as the worker sets it for its flow runs
+    async with get_client() as client:
+        assert await other_workers_online(client, "counted") == ["outbox-other"]
+        api = PrefectApi(f"{prefect_server.url}/api", None, None)
+        api.remove_worker("counted", "outbox-other")  # as its supervisor does when it starts to stop
+        api.remove_worker("counted", "outbox-other")  # a worker no longer listed is left as it is
+        assert await other_workers_online(client, "counted") == []
+
+
+# what a Prefect worker stopped for longer than its websockets' keepalive logs when it continues
+WEBSOCKET_TRACE = b"""10:06:30.302 | WARNING | prefect.FlowRunCancellingObserver - The FlowRunCancellingObserver \
+websocket failed with an exception. Switching to polling mode until it reconnects.
+Traceback (most recent call last):
+  File "/usr/lib/python3.11/asyncio/selector_events.py", line 1057, in write
+    n = self._sock.send(data)
+        ^^^^^^^^^^^^^^^^^^^^^
+BrokenPipeError: [Errno 32] Broken pipe
+
+The above exception was the direct cause of the following exception:
+
+Traceback (most recent call last):
+  File "/venv/lib/python3.11/site-packages/websockets/asyncio/connection.py", line 324, in recv
+    raise self.protocol.close_exc from self.recv_exc
+websockets.exceptions.ConnectionClosedError: received 1011 (internal error) keepalive ping timeout; then sent \
+1011 (internal error) keepalive ping timeout
+"""
+NEXT_RECORD = b"10:06:31.004 | INFO    | prefect.flow_runs.worker - Worker 'outbox-a' stopped\n"
+
+
+def test_the_websocket_trace_is_dropped_only_after_the_worker_continues_from_its_stop(tmp_path: Path) -> None:
+    lines = (WEBSOCKET_TRACE + NEXT_RECORD).splitlines(keepends=True)
+    running, stopping = tmp_path / "running", tmp_path / "stopping"
+    with running.open("wb") as target:
+        StopNoiseFilter(target).relay(iter(lines))
+    with stopping.open("wb") as target:
+        noise = StopNoiseFilter(target)
+        noise.stopping.set()
+        noise.relay(iter(lines))
+    assert running.read_bytes() == WEBSOCKET_TRACE + NEXT_RECORD, "a real error in normal running is shown"
+    assert stopping.read_bytes() == NEXT_RECORD

@@ -38,6 +38,7 @@ def worker(
     from outbox.worker import PrefectApi, Supervisor, worker_command
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    command = worker_command(pool, name or f"outbox-{socket.gethostname()}", ctx.args)
-    code = Supervisor(command, PrefectApi.from_environment(), grace).run()
+    worker_name = name or f"outbox-{socket.gethostname()}"
+    command = worker_command(pool, worker_name, ctx.args)
+    code = Supervisor(command, PrefectApi.from_environment(), grace, pool, worker_name).run()
     sys.exit(code)
