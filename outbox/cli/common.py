@@ -5,6 +5,10 @@ at the top (see `outbox.cli.options`).
 Bad input raises ValueError naming the option, which `outbox.cli.main` prints as one line (exit 2); a
 database that cannot be reached or used is one line too (exit 1), see `database_failure`.
 
+On a terminal, output is as wide as the terminal. Off one (a pipe, a file), a line is as wide as COLUMNS
+when it is set and otherwise as long as what it holds: nothing wraps at 80 columns. A table printed with
+`print_table` never cuts a word or a header in the middle there, even when COLUMNS is narrower.
+
 Every value read from the database reaches the terminal through `printable` (from `outbox.cli.options`,
 so that `main` prints an error line without loading the database layer): a lane key holding an escape
 sequence or a line break is shown escaped (\\x1b, \\n, \\u2028), never obeyed. JSON escapes it the
@@ -16,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 import re
 import time
 from collections.abc import Iterator
@@ -24,7 +29,10 @@ from datetime import UTC, datetime
 from typing import Any
 
 import typer
-from rich.console import Console
+from rich.cells import cell_len
+from rich.console import Console, ConsoleDimensions
+from rich.measure import Measurement
+from rich.table import Table
 from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.pool import NullPool
@@ -36,10 +44,72 @@ from outbox.states import ActionState
 from outbox.store_ops import STORE_EXISTS
 
 log = logging.getLogger(__name__)
+# the width of a line off a terminal with no COLUMNS: wider than anything a command prints
+UNBOUNDED_WIDTH = 100_000
+
+
+class OperatorConsole(Console):
+    """A Console as wide as the terminal; off a terminal, as wide as COLUMNS when it is set, otherwise
+    unbounded (each line as long as what it holds). Read when printing: where the output goes decides."""
+
+    # a width the output must have at least while a table prints (see print_table)
+    min_width = 0
+
+    @property
+    def size(self) -> ConsoleDimensions:
+        size = super().size
+        width = size.width if self.is_terminal or columns_set() else UNBOUNDED_WIDTH
+        return ConsoleDimensions(max(width, self.min_width), size.height)
+
+    @size.setter
+    def size(self, new_size: tuple[int, int]) -> None:
+        Console.size.fset(self, new_size)  # type: ignore[attr-defined]
+
+
+def columns_set() -> bool:
+    return os.environ.get("COLUMNS", "").isdigit()
+
+
+def print_table(table: Table, console: OperatorConsole | None = None) -> None:
+    """Print `table` (on `out` by default). Off a terminal it is at its natural width, or within COLUMNS
+    when that is set and narrower, its cells wrapping between words; a word or a header longer than its
+    share stays whole, so such a table is wider than COLUMNS rather than cut."""
+    console = console or out
+    if console.is_terminal:
+        console.print(table)
+        return
+    console.min_width = fit_columns(table, console, console.width)
+    try:
+        console.print(table)
+    finally:
+        console.min_width = 0
+
+
+def fit_columns(table: Table, console: Console, width: int) -> int:
+    """Set the widths of `table`'s columns so that it is at most `width` wide when it can be with every
+    word of its cells and headers whole (a no-wrap column: every cell whole); return the table's width."""
+    natural = Measurement.get(console, console.options.update_width(UNBOUNDED_WIDTH), table).maximum
+    if natural <= width:
+        return natural
+    cells = [[str(column.header), *map(str, column.cells)] for column in table.columns]
+    longest = [max(cell_len(cell) for cell in column) for column in cells]
+    whole = [
+        max(cell_len(word) for cell in column_cells for word in ([cell] if column.no_wrap else cell.split()) or [""])
+        for column, column_cells in zip(table.columns, cells, strict=True)
+    ]
+    frame = natural - sum(longest)  # borders and padding
+    spare = [most - least for most, least in zip(longest, whole, strict=True)]
+    room = max(0, width - frame - sum(whole))
+    widths = [least + extra * room // max(1, sum(spare)) for least, extra in zip(whole, spare, strict=True)]
+    for column, column_width in zip(table.columns, widths, strict=True):
+        column.width = column_width
+    return frame + sum(widths)
+
+
 # markup, emoji codes and highlighting off: lane keys, kinds and payloads are printed as they are
-out = Console(markup=False, highlight=False, emoji=False)
+out = OperatorConsole(markup=False, highlight=False, emoji=False)
 # what a command says about itself (progress, where it listens), away from its output
-err = Console(stderr=True, markup=False, highlight=False, emoji=False)
+err = OperatorConsole(stderr=True, markup=False, highlight=False, emoji=False)
 
 
 class _HidingFormatter(logging.Formatter):

@@ -42,7 +42,7 @@ def status(
     from rich.table import Table
 
     from outbox import ops
-    from outbox.cli.common import connect, format_age, out, print_json
+    from outbox.cli.common import connect, format_age, out, print_json, print_table
 
     with connect(db, read_only=True) as conn:
         report = ops.status(conn)
@@ -54,7 +54,7 @@ def status(
         table.add_column(column, justify="right" if column == "actions" else "left")
     for count in report.unended:
         table.add_row(printable(count.state), printable(count.kind), f"{count.actions:,}")
-    out.print(table)
+    print_table(table)
     out.print(
         f"due: {report.due:,} to claim now, the oldest due for {format_age(report.oldest_due_seconds)};"
         f" {report.waiting_for_lane:,} more due, waiting for their lane"
@@ -77,7 +77,7 @@ def status(
         table.add_column(column, justify="right" if column == "actions" else "left")
     for recent in report.uncertain:
         table.add_row(printable(recent.kind), printable(recent.stop_reason), f"{recent.actions:,}")
-    out.print(table)
+    print_table(table)
 
 
 def lanes(
@@ -93,7 +93,7 @@ def lanes(
     from rich.table import Table
 
     from outbox import ops
-    from outbox.cli.common import connect, format_age, out, print_json
+    from outbox.cli.common import connect, format_age, print_json, print_table
 
     with connect(db, read_only=True) as conn:
         report = ops.lanes(conn, top)
@@ -113,7 +113,7 @@ def lanes(
                 format_age(lane.head_age_seconds),
                 "yes" if lane.executing else "",
             )
-        out.print(table)
+        print_table(table)
 
 
 def show(
@@ -130,7 +130,7 @@ def show(
     from rich.table import Table
 
     from outbox import ops
-    from outbox.cli.common import connect, out, print_json
+    from outbox.cli.common import connect, print_json, print_table
 
     with connect(db, read_only=True) as conn:
         action = ops.get_action(conn, action_id)
@@ -142,7 +142,7 @@ def show(
     table.add_column(overflow="fold")  # a long value (a Message-ID, a key) wraps, never cut short
     for field, value in _fields(action):
         table.add_row(printable(field), printable(value))
-    out.print(table)
+    print_table(table)
 
 
 _TRACE_LABELS = {"notice": "notice", "message_id": "Message-ID"}
@@ -201,7 +201,7 @@ def list_(
     from rich.table import Table
 
     from outbox import ops
-    from outbox.cli.common import connect, out, parse_state, print_json, utc
+    from outbox.cli.common import connect, out, parse_state, print_json, print_table, utc
 
     window = parse_duration("--since", since)
     wanted_state = parse_state(state) if state is not None else None
@@ -230,6 +230,6 @@ def list_(
             printable(action.lane_key),
             f"{action.attempt}/{action.max_attempts}",
         )
-    out.print(table)
+    print_table(table)
     if page.next_before_id is not None:
         out.print(f"next page: --before-id {page.next_before_id}")
