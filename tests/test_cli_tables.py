@@ -9,15 +9,16 @@ import re
 import subprocess
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 from sqlalchemy import Engine
 
-from outbox.stack import ROOT
 from tests.conftest import CliResult
 from tests.test_executor_results import enqueue
 
 Cli = Callable[..., CliResult]
+ROOT = Path(__file__).resolve().parent.parent
 # a lane key with no space: one word of 58 characters
 LANE = "account:4815162342-workspace:1088-notification-preferences"
 # a payload of forty distinct words: where each one ends up shows whether a line break cut one

@@ -11,6 +11,7 @@ logs when it continues from a long stop are dropped then, and shown in normal ru
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import subprocess
@@ -26,7 +27,6 @@ from prefect.client.orchestration import get_client
 from prefect.workers.process import ProcessWorker
 
 from flows.drain import REPLACEMENT_WAIT_SECONDS, other_workers_online
-from outbox.stack import ROOT, descendants, kill_all
 from outbox.worker import PrefectApi, StopNoiseFilter, Supervisor, flow_run_processes
 from tests.prefect_server import PrefectServer
 from tests.support import prefect_post, until
@@ -100,6 +100,9 @@ def test_a_stopping_worker_stops_running_runs_cancels_unstarted_ones_and_leaves_
 
 # ---- a real `outbox worker` running a real drain run ------------------------------------------------------
 
+# the checkout: the deployment's working directory, where the worker finds flows/ and tests/
+ROOT = Path(__file__).resolve().parent.parent
+
 
 @dataclass
 class RealWorker:
@@ -137,7 +140,9 @@ def workers() -> Iterator[list[RealWorker]]:
     yield started
     for worker in started:
         if worker.process.poll() is None:
-            kill_all(descendants(worker.process.pid))
+            for process in psutil.Process(worker.process.pid).children(recursive=True):
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    process.kill()
             worker.process.kill()
             worker.process.wait(10)
 
