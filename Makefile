@@ -19,7 +19,7 @@ demo: venv
 check: venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy --strict outbox flows
+	$(BIN)/mypy --strict outbox flows demo
 	$(BIN)/lint-imports
 
 # Debian packages the tests use: prometheus (promtool and a real scrape), chromium (the Prefect UI)

@@ -2,9 +2,9 @@
 
     python -m bench.drain_soak --minutes 60 --interval 20 --workers 3 [--database-url postgresql://...]
 
-    fresh database (embedded PostgreSQL, or the empty one given) ─ outbox.stack.Stack with N `outbox worker`
+    fresh database (embedded PostgreSQL, or the empty one given) ─ demo.stack.Stack with N `outbox worker`
     replicas, deploy/prefect.yaml applied from a copy whose drain interval is --interval seconds
-      ├─ a trickle of emails (--rate a second, through outbox.demo.enqueue_workload)
+      ├─ a trickle of emails (--rate a second, through demo.run.enqueue_workload)
       ├─ the executor count read from agent_executor every 0.2 s (rows seen in the last 5 s)
       ├─ every --restart-every minutes one worker stopped in order and started again (a rolling deploy)
       └─▶ the drain runs from the Prefect API by final state, the longest stretches with no executor and
@@ -44,11 +44,12 @@ from typing import Any
 import psutil
 from sqlalchemy import Engine, text
 
+from demo.postgres import embedded_postgres_server
+from demo.run import enqueue_workload
+from demo.stack import Stack, descendants, kill_all
 from examples.accounts import schema
 from outbox import migrate
-from outbox.db import embedded_postgres_server, psycopg_url, sync_engine
-from outbox.demo import enqueue_workload
-from outbox.stack import Stack, descendants, kill_all
+from outbox.db import psycopg_url, sync_engine
 from outbox.worker import flow_run_processes
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -158,7 +159,7 @@ class Sampler:
 
 @dataclass
 class Trickle:
-    """`rate` emails a second, each second's in new workspaces (outbox.demo.enqueue_workload)."""
+    """`rate` emails a second, each second's in new workspaces (demo.run.enqueue_workload)."""
 
     engine: Engine
     rate: int

@@ -20,8 +20,9 @@ from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.engine import make_url
 
 from bench import kinds
+from demo.postgres import start_embedded_postgres
 from outbox import migrate
-from outbox.db import psycopg_url, start_embedded_postgres
+from outbox.db import psycopg_url
 from outbox.testing import install_kinds
 
 ROOT = Path(__file__).resolve().parent.parent

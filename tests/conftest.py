@@ -25,10 +25,11 @@ from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from demo.postgres import embedded_postgres_server
+from demo.sink import SmtpSink
 from outbox import migrate
 from outbox.cli import main
-from outbox.db import async_engine, embedded_postgres_server, psycopg_url
-from outbox.email.sink import SmtpSink
+from outbox.db import async_engine, psycopg_url
 from outbox.testing import install_kinds
 from tests import kinds as test_kinds
 from tests.prefect_server import prefect_server  # noqa: F401 (a fixture for the modules that ask for it)

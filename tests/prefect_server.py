@@ -19,7 +19,7 @@ from prefect.logging.handlers import APILogWorker
 from prefect.settings import PREFECT_API_URL, temporary_settings
 from prefect.utilities.asyncutils import run_coro_as_sync
 
-from outbox.stack import ROOT, descendants, free_port, kill_all, prefect_cli, stop_process, wait_until_answers
+from demo.stack import ROOT, descendants, free_port, kill_all, prefect_cli, stop_process, wait_until_answers
 from tests.support import prefect_post
 
 

@@ -15,7 +15,7 @@ The translation, every rule of it:
    `127.0.0.1`.
 3. Replaced services. `postgres` is the test's PostgreSQL server: its POSTGRES_DB is the test database
    (fixture `database_url`), each other database a URL names (Prefect's, made by postgres-init.sql) is
-   created here and dropped after. `mailcatcher` is an SMTP relay (`outbox.email.sink.SmtpSink`), and
+   created here and dropped after. `mailcatcher` is an SMTP relay (`demo.sink.SmtpSink`), and
    OUTBOX_SMTP_PORT its port. `grafana` is skipped: its provisioning is tested by test_deploy_files.py and
    test_dashboards.py.
 4. Paths. The outbox image's WORKDIR (/app, a copy of the repository) is the repository root. Any other
@@ -64,10 +64,10 @@ import yaml
 from sqlalchemy import Engine, text
 from sqlalchemy.engine import make_url
 
+from demo.run import enqueue_workload
+from demo.sink import SmtpSink
+from demo.stack import ROOT, descendants, free_port, kill_all
 from examples.accounts import schema
-from outbox.demo import enqueue_workload
-from outbox.email.sink import SmtpSink
-from outbox.stack import ROOT, descendants, free_port, kill_all
 from tests.support import until
 
 COMPOSE = ROOT / "deploy" / "compose.yaml"

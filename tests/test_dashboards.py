@@ -27,9 +27,9 @@ from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from dashboards import build
+from demo.sink import Faults, SmtpSink
 from examples.accounts import notices, schema
 from outbox.email import EmailAdapter, SmtpSettings, enqueue_email
-from outbox.email.sink import Faults, SmtpSink
 from outbox.executor import Executor
 from tests.support import insert_ended, until
 from tests.test_reader_role import reader_login

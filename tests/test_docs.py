@@ -25,7 +25,7 @@ import yaml
 from sqlalchemy import Engine, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from outbox.email.sink import SmtpSink
+from demo.sink import SmtpSink
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"

@@ -25,6 +25,7 @@ import pytest
 from sqlalchemy import Engine, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from demo.sink import Faults, SmtpSink
 from examples.accounts import notices, schema
 from outbox import InvalidRequest
 from outbox.email import (
@@ -37,7 +38,6 @@ from outbox.email import (
     notice_named,
 )
 from outbox.email.adapter import READBACK_LIMIT, address_literal, is_public_name, readback_ref
-from outbox.email.sink import Faults, SmtpSink
 from outbox.executor import Executor
 from outbox.settings import load_settings
 from outbox.testing import drain

@@ -34,6 +34,7 @@ from sqlalchemy import Connection, Engine, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 import outbox
+from demo.sink import Received, SmtpSink
 from outbox import InvalidRequest
 from outbox.email import (
     Draft,
@@ -46,7 +47,6 @@ from outbox.email import (
     register,
 )
 from outbox.email.message import PreparedEmail, build_message, message_bytes, message_id
-from outbox.email.sink import Received, SmtpSink
 from outbox.testing import drain
 
 _HEALTH = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]

@@ -15,11 +15,11 @@ from prefect.logging.handlers import APILogHandler
 from prefect.testing.utilities import prefect_test_harness
 from sqlalchemy import Engine, text
 
+from demo.sink import Faults, SmtpSink
 from examples.accounts import notices, schema
 from flows.drain import drain
 from flows.purge import purge
 from outbox.email import enqueue_email
-from outbox.email.sink import Faults, SmtpSink
 from outbox.kind_rows import KindsNotDeclared
 
 pytestmark = pytest.mark.usefixtures("outbox_logger_restored")

@@ -32,10 +32,10 @@ from sqlalchemy.exc import (
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from demo.sink import SmtpSink
 from examples.accounts import notices, schema
 from outbox.db import async_engine, fault_text
 from outbox.email import EmailAdapter, SmtpSettings, enqueue_email, message_id
-from outbox.email.sink import SmtpSink
 from outbox.executor import ActionAttempt, Done, Result
 from outbox.executor.backoff import OWN_FAULT_CAP_SECONDS, own_fault_delay
 from outbox.executor.executor import is_outbox_fault

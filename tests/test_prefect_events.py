@@ -23,9 +23,9 @@ from prefect.blocks.notifications import CustomWebhookNotificationBlock
 from prefect.client.orchestration import get_client
 from sqlalchemy import Engine, text
 
+from demo.sink import Faults, SmtpSink
+from demo.stack import ROOT
 from flows.drain import drain
-from outbox.email.sink import Faults, SmtpSink
-from outbox.stack import ROOT
 from tests.prefect_server import PrefectServer
 from tests.support import until
 from tests.test_flows import enqueue_alerts

@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, text
 
+from demo.run import enqueue_workload
+from demo.stack import Stack
 from examples.accounts import schema
-from outbox.demo import enqueue_workload
-from outbox.stack import Stack
 from tests.support import prefect_post, until
 
 EMAILS, LANES = 120, 12

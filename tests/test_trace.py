@@ -9,9 +9,9 @@ import pytest
 from sqlalchemy import Engine, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from demo.sink import Faults, SmtpSink
 from outbox import ops
 from outbox.action import Action
-from outbox.email.sink import Faults, SmtpSink
 from outbox.executor.executor import LAST_ERROR_LIMIT, error_text
 from tests import test_email, test_reader_role
 from tests.conftest import CliResult

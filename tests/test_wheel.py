@@ -24,11 +24,11 @@ from pathlib import Path
 
 import pytest
 import yaml
+from outbox.worker import PrefectApi
 from packaging.requirements import Requirement
 from sqlalchemy import create_engine, text
 
-from outbox.stack import descendants, kill_all, stop_process
-from outbox.worker import PrefectApi
+from demo.stack import descendants, kill_all, stop_process
 from tests.prefect_server import PrefectServer
 from tests.support import until
 

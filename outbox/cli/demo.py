@@ -1,10 +1,21 @@
 """`outbox demo`: the command's options, and the two things it needs before it starts anything: the
 `demo` extra (embedded PostgreSQL, SMTP sink, Prefect, process supervisor) and a clone of the repository
-(its example application and deployments). The demo itself is `outbox.demo`."""
+(its `demo/` package, example application and deployments), which the wheel never ships.
+
+    options checked ─ the extra found ─ the clone found ─▶ this process becomes `python -m demo` of the clone
+
+The clone is the folder holding the outbox that runs (an editable install, or PYTHONPATH on a clone), or
+else the working folder. This process replaces itself with the demo (same PID, same terminal), so a
+Ctrl-C reaches the demo as it would any command; the options go on as arguments, the database URL in
+OUTBOX_DATABASE_URL (never on a command line that `ps` shows).
+"""
 
 from __future__ import annotations
 
 import importlib.util
+import os
+import sys
+from pathlib import Path
 
 import typer
 
@@ -41,17 +52,30 @@ def demo(
         raise OutboxError(
             f"outbox demo needs the demo extra ({', '.join(missing)} missing): pip install 'outbox[demo]'"
         )
-    if importlib.util.find_spec("examples.accounts") is None:
-        raise OutboxError("outbox demo runs from a clone of the outbox repository (its examples/ and deploy/)")
-    from outbox.demo import run_demo
+    root = clone()
+    arguments = [f"--emails={emails}", f"--lanes={lanes}", f"--workers={workers}", f"--flaky={flaky!r}"]
+    arguments += [f"--unsubscribe={unsubscribe!r}", f"--timeout={timeout!r}", *(["--keep-running"] * keep_running)]
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(sys.executable, [sys.executable, "-m", "demo", *arguments], demo_env(root, database_url))
 
-    run_demo(
-        emails=emails,
-        lanes=lanes,
-        workers=workers,
-        flaky=flaky,
-        unsubscribe=unsubscribe,
-        timeout=timeout,
-        keep_running=keep_running,
-        given_url=database_url,
+
+def clone() -> Path:
+    """The clone of the repository to run the demo of: the folder holding this outbox, or the working folder."""
+    for folder in (Path(__file__).resolve().parents[2], Path.cwd()):
+        if (folder / "demo" / "__main__.py").is_file() and (folder / "examples" / "accounts").is_dir():
+            return folder
+    raise OutboxError(
+        "outbox demo runs from a clone of the outbox repository (its demo/, examples/ and deploy/):"
+        " run it in the clone's folder"
     )
+
+
+def demo_env(root: Path, database_url: str | None) -> dict[str, str]:
+    """This environment with the clone first on PYTHONPATH, and the database URL given (if any) in
+    OUTBOX_DATABASE_URL."""
+    env = {name: value for name, value in os.environ.items() if name != "OUTBOX_DATABASE_URL"}
+    env["PYTHONPATH"] = os.pathsep.join([str(root), *filter(None, [os.environ.get("PYTHONPATH")])])
+    if database_url:
+        env["OUTBOX_DATABASE_URL"] = database_url
+    return env

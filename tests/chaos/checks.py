@@ -27,7 +27,7 @@ from tests.chaos.records import ENDED_STATES, SENDER_DOMAIN, Erasure, Planned
 from tests.chaos.report import Report
 
 if TYPE_CHECKING:
-    from outbox.email.sink import Received
+    from demo.sink import Received
     from tests.chaos.runner import Chaos
 
 # how many on-time effects (deliveries, provider writes) an action may have made, by the state it ended in;

@@ -28,10 +28,10 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, OperationalError
 
 import outbox
+from demo.sink import Faults, SmtpSink
 from examples.accounts import notices, schema
 from outbox import migrate
 from outbox.db import psycopg_url
-from outbox.email.sink import Faults, SmtpSink
 from outbox.erasure import erase_account
 from outbox.errors import InvalidRequest, OutboxError
 from outbox.testing import install_kinds

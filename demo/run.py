@@ -28,7 +28,7 @@ process only (every child runs in a session of its own) and stops everything the
 kills what is left. `--keep-running` leaves the stack up to explore until Ctrl-C.
 
 It runs from a clone of the repository (the example application in `examples/`, the deployments in
-`deploy/`) with the `demo` extra installed; `outbox.cli.demo` checks both before it imports this module.
+`deploy/`) with the `demo` extra installed; `outbox demo` checks both before it runs `python -m demo`.
 Only this process and the workers it starts register the example notices.
 """
 
@@ -50,13 +50,14 @@ from sqlalchemy import Connection, Engine, create_engine, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import OperationalError
 
+from demo.postgres import embedded_postgres_server
+from demo.stack import Stack, answers
 from examples.accounts import notices, schema
 from outbox import migrate
-from outbox.db import embedded_postgres_server, psycopg_url, sync_engine
+from outbox.db import psycopg_url, sync_engine
 from outbox.email import enqueue_email
 from outbox.errors import OutboxError
 from outbox.settings import load_settings
-from outbox.stack import Stack, answers
 
 console = Console()
 
