@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -62,6 +63,22 @@ def test_the_demo_runs_every_email_to_its_end_and_reports_what_a_visitor_should_
     assert {log.name for log in logs} >= {"prefect-server.log", "exporter.log", "worker-1.log", "log"}
     with_traceback = [log.name for log in logs if "Traceback" in log.read_text(errors="replace")]
     assert not with_traceback, with_traceback
+
+
+def test_outside_a_clone_the_demo_says_so_in_one_line_and_starts_nothing(tmp_path: Path) -> None:
+    """An outbox with no demo/ next to it (as installed), run in a folder that is not a clone either."""
+    site = tmp_path / "site"
+    shutil.copytree(ROOT / "outbox", site / "outbox", ignore=shutil.ignore_patterns("__pycache__"))
+    folder = tmp_path / "elsewhere"
+    folder.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OUTBOX_", "PREFECT_"))}
+    env |= {"OUTBOX_DATA_DIR": str(tmp_path / "data"), "PYTHONPATH": str(site)}
+    done = subprocess.run(
+        [sys.executable, "-m", "outbox.cli", "demo"], env=env, cwd=folder, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stderr.count("\n") == 1 and "runs from a clone of the outbox repository" in done.stderr, done.stderr
+    assert not (tmp_path / "data").exists()
 
 
 def summary_rows(output: str) -> dict[str, list[str]]:
