@@ -1,8 +1,10 @@
 """`outbox worker`: a Prefect process worker that stops in order.
 
-    outbox worker ─▶ python -m prefect worker start --pool POOL --type process --name NAME [options]
-                     (in a session of its own: a Ctrl-C reaches this supervisor only; its stderr, and its
-                     flow runs', pass through this supervisor)
+    outbox worker ─exec─▶ python -m outbox_flows.worker --pool POOL --name NAME --grace SECONDS -- [options]
+                          (this supervisor, in the same process: the signals `outbox worker` gets are its)
+    supervisor ─▶ python -m prefect worker start --pool POOL --type process --name NAME [options]
+                  (in a session of its own: a Ctrl-C reaches this supervisor only; its stderr, and its
+                  flow runs', pass through this supervisor)
     first SIGTERM or SIGINT:
       1. SIGSTOP the Prefect worker, so it takes no new run while its runs stop, and remove it from the
          pool's workers in the Prefect API: no stopping run (its own, or another replica's stopping at the
@@ -23,32 +25,36 @@ an effect of the stop itself: the supervisor drops them (and only them) from the
 Why: on SIGTERM, Prefect's process worker kills the processes of its flow runs at once. Their runs stay
 Running until a zombie automation marks them Crashed, and a run it had just submitted stays Pending.
 
-The Prefect API is found as the worker finds it, in PREFECT_API_URL (with PREFECT_API_KEY or
-PREFECT_API_AUTH_STRING when the server asks for one).
+The supervisor calls the Prefect API through Prefect's client, with the settings the worker reads
+(PREFECT_API_URL, PREFECT_API_KEY or PREFECT_API_AUTH_STRING, the TLS and retry settings; from the
+environment or the active Prefect profile).
 """
 
 from __future__ import annotations
 
-import base64
+import argparse
 import contextlib
-import json
 import logging
-import os
 import re
 import signal
 import subprocess
 import sys
 import threading
 import time
-import urllib.error
-import urllib.parse
-import urllib.request
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from types import FrameType
-from typing import IO, Any
+from typing import IO
+from urllib.parse import quote
+from uuid import UUID
 
+import httpx
 import psutil
+from prefect.client.orchestration import SyncPrefectClient, get_client
+from prefect.client.schemas.objects import StateType
+from prefect.exceptions import ObjectNotFound
+from prefect.settings import get_current_settings
+from prefect.states import Cancelled
 
 from outbox.errors import OutboxError
 
@@ -56,10 +62,11 @@ log = logging.getLogger("outbox.worker")
 
 
 # a flow run's state types: one not started yet is cancelled; one running is asked to stop (SIGTERM)
-UNSTARTED = frozenset({"SCHEDULED", "PENDING"})
-STOPPABLE = frozenset({"RUNNING", "CANCELLING", "PAUSED"})
-# the answers of a Prefect server that is busy rather than refusing
-BUSY = frozenset({429, 502, 503})
+UNSTARTED = frozenset({StateType.SCHEDULED, StateType.PENDING})
+STOPPABLE = frozenset({StateType.RUNNING, StateType.CANCELLING, StateType.PAUSED})
+# what a call to the Prefect API raises when it cannot be made or is refused (Prefect's client has asked a
+# busy server again by then)
+API_FAILURES = (httpx.HTTPError, ObjectNotFound)
 # the warning a Prefect observer logs when it finds its events websocket closed (a traceback follows)
 WEBSOCKET_FAILED = re.compile(rb"Observer websocket failed with an exception")
 # the first line of a record in Prefect's console log format (`HH:MM:SS.mmm | LEVEL | ...`)
@@ -77,61 +84,35 @@ class FlowRunProcess:
 
 
 class PrefectApi:
-    """The calls the supervisor makes: a flow run's state type, ending a run Cancelled, and removing a
-    worker from its pool's workers."""
+    """The calls the supervisor makes, through Prefect's client: a flow run's state type, ending a run
+    Cancelled, and removing a worker from its pool's workers."""
 
-    def __init__(self, url: str, api_key: str | None, auth_string: str | None) -> None:
-        self.url = url.rstrip("/")
-        self.headers = {"Content-Type": "application/json"}
-        if api_key:
-            self.headers["Authorization"] = f"Bearer {api_key}"
-        elif auth_string:
-            self.headers["Authorization"] = "Basic " + base64.b64encode(auth_string.encode()).decode()
+    def __init__(self, client: SyncPrefectClient) -> None:
+        self.client = client
 
-    @classmethod
-    def from_environment(cls) -> PrefectApi:
-        url = os.environ.get("PREFECT_API_URL")
-        if not url:
-            raise WorkerSetupError("PREFECT_API_URL is not set: outbox worker needs the Prefect API it works for")
-        return cls(url, os.environ.get("PREFECT_API_KEY"), os.environ.get("PREFECT_API_AUTH_STRING"))
-
-    def state_type(self, run_id: str) -> str | None:
-        state = self.call("GET", f"/flow_runs/{run_id}").get("state")
-        kind = state.get("type") if isinstance(state, dict) else None
-        return kind if isinstance(kind, str) else None
+    def state_type(self, run_id: str) -> StateType | None:
+        state = self.client.read_flow_run(UUID(run_id)).state
+        return state.type if state is not None else None
 
     def cancel(self, run_id: str, message: str) -> None:
-        body = {"state": {"type": "CANCELLED", "message": message}, "force": True}
-        self.call("POST", f"/flow_runs/{run_id}/set_state", body)
+        self.client.set_flow_run_state(run_id, Cancelled(message=message), force=True)
 
     def remove_worker(self, pool: str, name: str) -> None:
         """Remove a worker from its pool's workers (it is listed again at its next heartbeat); one that is
         not listed is left as it is."""
-        path = f"/work_pools/{urllib.parse.quote(pool, safe='')}/workers/{urllib.parse.quote(name, safe='')}"
+        names = {"work_pool_name": quote(pool, safe=""), "name": quote(name, safe="")}
         try:
-            self.call("DELETE", path)
-        except urllib.error.HTTPError as error:
-            if error.code != 404:
+            self.client.request("DELETE", "/work_pools/{work_pool_name}/workers/{name}", path_params=names)
+        except httpx.HTTPStatusError as error:
+            if error.response.status_code != 404:
                 raise
 
-    def call(self, method: str, path: str, body: object | None = None) -> Any:
-        """One call to the API (`path` under its URL), its JSON answer. A busy server (429, 502, 503: Prefect
-        answers 503 while its database is locked) is asked again, three times in all, as Prefect's own
-        client does."""
-        data = json.dumps(body).encode() if body is not None else None
-        for pause in (0.5, 1.0):
-            try:
-                return self._send(method, path, data)
-            except urllib.error.HTTPError as error:
-                if error.code not in BUSY:
-                    raise
-            time.sleep(pause)
-        return self._send(method, path, data)
 
-    def _send(self, method: str, path: str, data: bytes | None) -> Any:
-        request = urllib.request.Request(self.url + path, data=data, method=method, headers=self.headers)
-        with urllib.request.urlopen(request, timeout=10) as response:
-            return json.loads(response.read() or b"null")
+def prefect_client() -> SyncPrefectClient:
+    """Prefect's client for the API the worker works for (never an ephemeral server of its own)."""
+    if not get_current_settings().api.url:
+        raise WorkerSetupError("PREFECT_API_URL is not set: outbox worker needs the Prefect API it works for")
+    return get_client(sync_client=True)
 
 
 def worker_command(pool: str, name: str, prefect_options: Sequence[str]) -> list[str]:
@@ -232,22 +213,22 @@ class Supervisor:
     def _leave_pool(self) -> None:
         try:
             self.api.remove_worker(self.pool, self.name)
-        except OSError as error:  # the API cannot be reached: the worker stays listed until it goes OFFLINE
+        except API_FAILURES as error:  # the API cannot be reached: the worker stays listed until it goes OFFLINE
             log.warning("cannot remove worker %s from pool %s (%s)", self.name, self.pool, error)
 
-    def _state_type(self, run_id: str) -> str | None:
+    def _state_type(self, run_id: str) -> StateType | None:
         try:
             return self.api.state_type(run_id)
-        except OSError as error:  # the API cannot tell: stop the run the orderly way
+        except API_FAILURES as error:  # the API cannot tell: stop the run the orderly way
             log.warning("cannot read flow run %s (%s): stopping it as a running one", run_id, error)
-            return "RUNNING"
+            return StateType.RUNNING
 
     def _cancel_unstarted(self, run: FlowRunProcess) -> None:
         with contextlib.suppress(psutil.NoSuchProcess):
             run.process.kill()
         try:
             self.api.cancel(run.run_id, "Its worker stopped before the run started.")
-        except OSError as error:
+        except API_FAILURES as error:
             log.warning("cannot cancel flow run %s (%s): it stays as it is", run.run_id, error)
 
 
@@ -290,3 +271,33 @@ def _alive(process: psutil.Process) -> bool:
         return bool(process.status() != psutil.STATUS_ZOMBIE)
     except psutil.NoSuchProcess:
         return False
+
+
+def arguments_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m outbox_flows.worker",
+        description="The supervisor `outbox worker` runs; options after `--` go to `prefect worker start`.",
+    )
+    parser.add_argument("--pool", required=True)
+    parser.add_argument("--name", required=True)
+    parser.add_argument("--grace", type=float, required=True, help="seconds the runs get to hand back")
+    return parser
+
+
+def main(argv: Sequence[str]) -> int:
+    """Run the Prefect worker under the supervisor until it exits; its exit code (2 when it cannot start)."""
+    own, prefect_options = (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
+    arguments = arguments_parser().parse_args(own)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        client = prefect_client()
+    except WorkerSetupError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    command = worker_command(arguments.pool, arguments.name, prefect_options)
+    with client:
+        return Supervisor(command, PrefectApi(client), arguments.grace, arguments.pool, arguments.name).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

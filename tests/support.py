@@ -10,8 +10,6 @@ from typing import Any
 
 from sqlalchemy import Engine, text
 
-from outbox.worker import PrefectApi
-
 _calls = itertools.count()
 
 
@@ -78,6 +76,10 @@ def insert_ended(
 
 
 def prefect_post(prefect_url: str, path: str, body: dict[str, Any]) -> Any:
-    """POST `body` to a Prefect server's REST API (`path` under /api) and return its JSON answer; a busy
-    server is asked again, as `outbox worker` asks it."""
-    return PrefectApi(f"{prefect_url}/api", None, None).call("POST", path, body)
+    """POST `body` to a Prefect server's REST API (`path` under /api) and return its JSON answer (None for an
+    empty one), through Prefect's client (a busy server is asked again)."""
+    from prefect.client.orchestration import SyncPrefectClient
+
+    with SyncPrefectClient(f"{prefect_url}/api") as client:
+        response = client.request("POST", path, json=body)  # type: ignore[arg-type]  # a route with its ids
+    return response.json() if response.content else None

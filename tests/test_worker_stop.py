@@ -27,7 +27,7 @@ from prefect.client.orchestration import get_client
 from prefect.workers.process import ProcessWorker
 
 from flows.drain import REPLACEMENT_WAIT_SECONDS, other_workers_online
-from outbox.worker import PrefectApi, StopNoiseFilter, Supervisor, flow_run_processes
+from flows.worker import PrefectApi, StopNoiseFilter, Supervisor, flow_run_processes
 from tests.prefect_server import PrefectServer
 from tests.support import prefect_post, until
 
@@ -80,9 +80,9 @@ def test_a_stopping_worker_stops_running_runs_cancels_unstarted_ones_and_leaves_
         ready = [Path(f"{marker}.ready") for marker in markers.values()]
         until(lambda: all(path.exists() for path in ready), timeout=30, what="the flow-run processes' handlers")
         processes = {run.run_id: run.process for run in flow_run_processes(worker.pid)}
-        api = PrefectApi(f"{prefect_server.url}/api", None, None)
-        supervisor = Supervisor([], api, grace_seconds=10, pool="outbox-stand-in", name="stand-in")
-        supervisor.stop_in_order(worker)
+        with get_client(sync_client=True) as client:
+            supervisor = Supervisor([], PrefectApi(client), grace_seconds=10, pool="outbox-stand-in", name="stand-in")
+            supervisor.stop_in_order(worker)
         assert worker.wait(30) == 0
     finally:
         if worker.poll() is None:
@@ -208,9 +208,10 @@ async def test_a_stopping_run_counts_the_pools_other_online_workers_and_a_remove
     monkeypatch.setenv("PREFECT__WORKER_NAME", "outbox-me")  # as the worker sets it for its flow runs
     async with get_client() as client:
         assert await other_workers_online(client, "counted") == ["outbox-other"]
-        api = PrefectApi(f"{prefect_server.url}/api", None, None)
-        api.remove_worker("counted", "outbox-other")  # as its supervisor does when it starts to stop
-        api.remove_worker("counted", "outbox-other")  # a worker no longer listed is left as it is
+        with get_client(sync_client=True) as sync_client:
+            api = PrefectApi(sync_client)
+            api.remove_worker("counted", "outbox-other")  # as its supervisor does when it starts to stop
+            api.remove_worker("counted", "outbox-other")  # a worker no longer listed is left as it is
         assert await other_workers_online(client, "counted") == []
 
 

@@ -1,4 +1,9 @@
-"""`outbox worker`: one replica of the Prefect deployments, a process worker that stops in order."""
+"""`outbox worker`: one replica of the Prefect deployments, a process worker that stops in order.
+
+    outbox worker [options] [-- prefect worker options] ─exec─▶ python -m outbox_flows.worker (the supervisor)
+
+The options are checked here; the supervisor (outbox_flows.worker, which imports Prefect) replaces this
+process, so it has its PID and the signals sent to it."""
 
 from __future__ import annotations
 
@@ -27,7 +32,7 @@ def worker(
     actions and end Completed; runs not started yet end Cancelled. Options after `--` go to
     `prefect worker start`."""
     import importlib.util
-    import logging
+    import os
     import sys
 
     missing = [module for module in ("prefect", "psutil") if importlib.util.find_spec(module) is None]
@@ -35,10 +40,12 @@ def worker(
         raise ValueError(
             f"outbox worker needs the prefect extra ({', '.join(missing)} missing): pip install 'outbox[prefect]'"
         )
-    from outbox.worker import PrefectApi, Supervisor, worker_command
-
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if importlib.util.find_spec("outbox_flows") is None:
+        raise ValueError("outbox worker cannot find outbox_flows (installed with outbox; in a clone, a link to flows/)")
     worker_name = name or f"outbox-{socket.gethostname()}"
-    command = worker_command(pool, worker_name, ctx.args)
-    code = Supervisor(command, PrefectApi.from_environment(), grace, pool, worker_name).run()
-    sys.exit(code)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # the supervisor lives with the flows, which import Prefect: it takes this process over, so the signals
+    # sent to `outbox worker` are its own
+    supervisor = ["-m", "outbox_flows.worker", "--pool", pool, "--name", worker_name, "--grace", str(grace)]
+    os.execv(sys.executable, [sys.executable, *supervisor, "--", *ctx.args])
