@@ -141,7 +141,7 @@ def explain_ms(engine: Engine, statement: str, params: dict[str, object]) -> flo
 
 def explain_claim_ms(engine: Engine) -> tuple[float, float]:
     """(our claim of 50 heads, the naive claim of 50 heads), in ms."""
-    from outbox import store_executor
+    from outbox.store import executor as store_executor
 
     ours = explain_ms(
         engine, str(store_executor.CLAIM_READY_HEADS.text), {"limit": 50, "lease_seconds": 300, "kinds": ["TEST_NOOP"]}

@@ -26,7 +26,7 @@ from sqlalchemy import Connection, Engine
 
 from bench import harness
 from bench.executor import seed_ended
-from outbox import store_executor
+from outbox.store import executor as store_executor
 
 LANES = 1_000
 FEED_TICK_SECONDS = 0.1

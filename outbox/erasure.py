@@ -9,9 +9,9 @@ outbox never commits: the actions go exactly when the caller's erasure commits.
 
 from __future__ import annotations
 
-from outbox import store
-from outbox.caller import AsyncConn, SyncConnection, run, run_async
 from outbox.requests import check_id
+from outbox.store import application as store
+from outbox.store.caller import AsyncConn, SyncConnection, run, run_async
 
 
 def erase_account(conn: SyncConnection, account_id: int) -> int:

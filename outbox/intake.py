@@ -31,11 +31,12 @@ from typing import Any
 
 from sqlalchemy import TextClause
 
-from outbox import kind_rows, store
+from outbox import kind_rows
 from outbox.action import Action
-from outbox.caller import AsyncConn, SyncConnection, run, run_async
 from outbox.errors import ActionNotFound, InvalidRequest, TransitionRefused
 from outbox.requests import ActionRequest, ValidRequest, validate
+from outbox.store import application as store
+from outbox.store.caller import AsyncConn, SyncConnection, run, run_async
 
 log = logging.getLogger("outbox.enqueue")
 

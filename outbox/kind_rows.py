@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy import Connection
 
-from outbox import store
 from outbox.errors import OutboxError
 from outbox.kinds import ActionKind
+from outbox.store import application as store
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine

@@ -36,17 +36,27 @@ from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from alembic.util.exc import CommandError
-from sqlalchemy import Connection, StaticPool, create_engine, text
+from sqlalchemy import Connection, StaticPool, create_engine
 
-from outbox.caller import _check_transaction
 from outbox.errors import OutboxError
 from outbox.kinds import PRODUCTION_KINDS, ActionKind
-from outbox.store import UPSERT_KIND
-from outbox.store_ops import STORE_EXISTS
-
-VERSION_TABLE = "outbox_alembic_version"
-# pg_advisory_xact_lock key of outbox's migrations (the bytes of "outbox")
-MIGRATION_LOCK = 0x6F7574626F78
+from outbox.store.application import UPSERT_KIND
+from outbox.store.caller import _check_transaction
+from outbox.store.migrations import (
+    ACTIONS_OF_KINDS,
+    ADOPT_EARLIER_REVISION,
+    ALEMBIC_VERSION_EXISTS,
+    DELETE_KIND_ROWS,
+    DROP_VERSION_TABLE,
+    EARLIER_REVISION,
+    KIND_TABLE_EXISTS,
+    LOCK,
+    LOCK_KIND_ROWS,
+    MIGRATION_LOCK,
+    UNENDED_ACTIONS,
+    VERSION_TABLE,
+)
+from outbox.store.operator import STORE_EXISTS
 
 _PACKAGED = Path(__file__).resolve().parent / "migrations"
 MIGRATIONS_DIR = _PACKAGED if _PACKAGED.is_dir() else Path(__file__).resolve().parent.parent / "migrations"
@@ -54,31 +64,6 @@ MIGRATIONS_DIR = _PACKAGED if _PACKAGED.is_dir() else Path(__file__).resolve().p
 # An earlier release kept its revision in `alembic_version`; these were its revision ids.
 _EARLIER_REVISIONS = ("0001", "0002", "0003")
 
-LOCK = text("SELECT pg_advisory_xact_lock(:key)")
-EARLIER_REVISION = text("""
-SELECT v.version_num FROM alembic_version AS v
- WHERE to_regclass('agent_action') IS NOT NULL AND to_regclass(:version_table) IS NULL
-   AND v.version_num = ANY (:earlier)
-   AND (SELECT count(*) FROM alembic_version) = 1
-""")
-ADOPT_EARLIER_REVISION = (
-    text(f"""
-CREATE TABLE {VERSION_TABLE} (
-    version_num varchar(32) NOT NULL,
-    CONSTRAINT {VERSION_TABLE}_pkc PRIMARY KEY (version_num)
-)"""),
-    text(f"INSERT INTO {VERSION_TABLE} SELECT version_num FROM alembic_version"),
-    text("DROP TABLE alembic_version"),
-)
-UNENDED_ACTIONS = text("SELECT count(*) FROM agent_action WHERE ended_at IS NULL")
-KIND_TABLE_EXISTS = text("SELECT to_regclass('agent_action_kind') IS NOT NULL")
-# the kinds' rows locked first: an enqueue of one of them (its foreign key check) waits, or is waited for
-LOCK_KIND_ROWS = text("SELECT name FROM agent_action_kind WHERE name = ANY (:names) FOR UPDATE")
-ACTIONS_OF_KINDS = text("""
-SELECT kind, count(*) AS actions, count(*) FILTER (WHERE ended_at IS NULL) AS unended
-  FROM agent_action WHERE kind = ANY (:names) GROUP BY kind ORDER BY kind
-""")
-DELETE_KIND_ROWS = text("DELETE FROM agent_action_kind WHERE name = ANY (:names)")
 
 DatabaseConnection = Connection | psycopg.Connection[Any]
 
@@ -173,7 +158,7 @@ def _sqlalchemy(connection: DatabaseConnection) -> Iterator[Connection]:
 
 def _earlier_revision(connection: Connection) -> str | None:
     """The revision an earlier release left in `alembic_version`, while it has not been moved over."""
-    if connection.execute(text("SELECT to_regclass('alembic_version')")).scalar_one() is None:
+    if not connection.execute(ALEMBIC_VERSION_EXISTS).scalar_one():
         return None  # the query below names alembic_version: it must exist to be planned
     earlier = connection.execute(
         EARLIER_REVISION, {"version_table": VERSION_TABLE, "earlier": list(_EARLIER_REVISIONS)}
@@ -224,7 +209,7 @@ def _downgrade(connection: Connection, revision: str, *, force: bool) -> None:
         )
     _run(f"cannot downgrade to {revision!r}", lambda: command.downgrade(_config(connection), revision))
     if current(connection) is None:  # nothing of outbox's is left: its version table goes too
-        connection.execute(text(f"DROP TABLE IF EXISTS {VERSION_TABLE}"))
+        connection.execute(DROP_VERSION_TABLE)
 
 
 def current(connection: Connection) -> str | None:

@@ -11,12 +11,14 @@ from datetime import timedelta
 
 from sqlalchemy import Connection, TextClause
 
-from outbox import store, store_metrics, store_ops
+from outbox import kind_rows
 from outbox.action import Action
 from outbox.errors import ActionNotFound, InvalidRequest
 from outbox.limits import MAX_PAGE
 from outbox.states import ActionState, StopReason
-from outbox.testing import declared_kinds
+from outbox.store import application as store
+from outbox.store import metrics as store_metrics
+from outbox.store import operator as store_ops
 
 # `outbox status` counts the UNCERTAIN actions that ended within this window.
 UNCERTAIN_WINDOW = timedelta(hours=24)
@@ -144,7 +146,7 @@ def list_actions(
     """Actions created within `since`, newest first, after the action `before_id` when given."""
     if not 1 <= limit <= MAX_PAGE:
         raise ValueError(f"--limit must be between 1 and {MAX_PAGE}, not {limit}")
-    if kind is not None and kind not in (known := declared_kinds(conn).kinds):
+    if kind is not None and kind not in (known := kind_rows.rows(conn).keys()):
         raise InvalidRequest(
             "--kind", f"unknown action kind {kind!r} (the database declares {', '.join(sorted(known))})"
         )

@@ -23,8 +23,9 @@ from datetime import UTC, datetime, timedelta
 from sqlalchemy import Connection, Engine
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from outbox import store, store_metrics
 from outbox.limits import PURGE_BATCH_SIZE
+from outbox.store import application as store
+from outbox.store import metrics as store_metrics
 
 # How long an ended action is kept: longer than any notice's expiry, so its idempotency key still counts.
 RETENTION = timedelta(days=30)

@@ -15,8 +15,10 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy import Connection, text
 
-from outbox import migrate, store
+from outbox import migrate
 from outbox.kinds import ActionKind
+from outbox.store import application as store
+from outbox.store import executor as store_executor
 
 if TYPE_CHECKING:  # the executor loads with `drain`, not with `declared_kinds` (the operator commands use it)
     from sqlalchemy.ext.asyncio import AsyncEngine
@@ -24,8 +26,6 @@ if TYPE_CHECKING:  # the executor loads with `drain`, not with `declared_kinds` 
     from outbox.executor import ActionAdapter, ExecutorConfig
     from outbox.executor.outcomes import Outcomes
 
-# every waiting action due now: a drain cuts retries' backoff and deferrals short
-MAKE_WAITING_DUE = text("UPDATE agent_action SET due_at = now() WHERE state = 'ADMITTED' AND due_at > now()")
 
 
 @dataclass(frozen=True)
@@ -74,7 +74,7 @@ async def drain(
     executor = Executor(engine, adapters, config, listen=False)
     for _ in range(max_rounds):
         async with engine.begin() as conn:
-            made_due = (await conn.execute(MAKE_WAITING_DUE)).rowcount
+            made_due = (await conn.execute(store_executor.MAKE_WAITING_DUE)).rowcount
         before = executor.outcomes.attempted
         await executor.run(until_idle=True)
         if made_due == 0 and executor.outcomes.attempted == before:

@@ -12,4 +12,8 @@ READBACK = ActionKind.register("TEST_READBACK", at_most_once=False, instance_lev
 # an at-most-once kind for executor tests that must not touch SMTP
 ONCE = ActionKind.register("TEST_ONCE", at_most_once=True, instance_level=False)
 
+# The installed test kinds (step 2 applied to the test template)
 ALL = ActionKind.all()
+
+# registered in code, never installed in the database: the enqueue tests' forgotten step 2
+ROWLESS = ActionKind.register("TEST_ROWLESS", at_most_once=False, instance_level=False)

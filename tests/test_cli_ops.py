@@ -10,8 +10,8 @@ import pytest
 from sqlalchemy import Engine, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from outbox import store_executor
 from outbox.cli import app
+from outbox.store import executor as store_executor
 from outbox.testing import drain
 from tests import kinds
 from tests.adapters import ScriptedAdapter

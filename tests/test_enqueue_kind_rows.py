@@ -21,8 +21,7 @@ from outbox.email import enqueue_email
 from outbox.kind_rows import KindRow, mismatch
 from tests import kinds
 
-# registered in code, never installed in the database (step 2 of "Add a kind" forgotten)
-ROWLESS = ActionKind.register("TEST_ROWLESS", at_most_once=False, instance_level=False)
+ROWLESS = kinds.ROWLESS
 
 FLAGS = ("at_most_once", "instance_level", "workspace_level")
 # every row the table accepts (a kind runs somewhere) that declares NOOP otherwise than the code

@@ -28,9 +28,9 @@ from sqlalchemy import Engine, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from outbox import store_metrics
 from outbox.executor.committer import Committer
 from outbox.retention import purge_ended
+from outbox.store import metrics as store_metrics
 from tests.support import until
 from tests.test_metrics import mixed_workload, samples, scrape, value
 from tests.test_reader_role import reader_login

@@ -111,7 +111,8 @@ def test_the_production_migration_declares_the_production_kinds(empty_database_u
 
 
 def test_the_test_database_declares_every_registered_kind(conn: Connection) -> None:
-    assert_agrees(declared_kinds(conn), ActionKind.all())
+    installed = tuple(kind for kind in ActionKind.all() if kind is not kinds.ROWLESS)  # left out on purpose
+    assert_agrees(declared_kinds(conn), installed)
 
 
 def test_email_is_at_most_once_and_runs_with_or_without_a_workspace() -> None:
@@ -125,7 +126,7 @@ def test_a_forgotten_step_is_named(conn: Connection) -> None:
         assert_agrees(declared_kinds(conn), (*ActionKind.all(), forgotten))
     install_kinds(conn, [forgotten])
     with pytest.raises(pytest.fail.Exception, match="ActionKind does not declare: do step 1"):
-        assert_agrees(declared_kinds(conn), ActionKind.all())
+        assert_agrees(declared_kinds(conn), kinds.ALL)
 
 
 @pytest.mark.parametrize(

@@ -20,7 +20,7 @@ from sqlalchemy import Engine, text
 import outbox
 from outbox.db import libpq_url
 from outbox.executor.claimed import AttemptReport, FinishWrite
-from outbox.store_executor import ExecutorStore, Write
+from outbox.executor.store import ExecutorStore, Write
 from tests import kinds
 from tests.support import sessions_waiting_on_a_lock, until
 

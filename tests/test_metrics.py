@@ -21,10 +21,10 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from outbox.db import libpq_url
 from outbox.executor import Abandoned, ActionAttempt, Done, Executor, Failed, Result, Retry, Uncertain
+from outbox.executor.store import ExecutorStore
 from outbox.kinds import ActionKind
 from outbox.metrics.exporter import registry_for
 from outbox.retention import purge_ended
-from outbox.store_executor import ExecutorStore
 from outbox.testing import drain
 from tests import kinds
 from tests.adapters import ScriptedAdapter

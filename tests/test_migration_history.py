@@ -35,8 +35,8 @@ from sqlalchemy.engine import make_url
 
 from examples.django_app.settings import database as django_database
 from outbox import migrate
-from outbox.caller import NoTransaction
 from outbox.kinds import ActionKind
+from outbox.store.caller import NoTransaction
 from tests.test_docs import example
 
 BIN = Path(sys.executable).parent

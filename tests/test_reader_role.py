@@ -15,7 +15,8 @@ from sqlalchemy.exc import ProgrammingError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from dashboards.build import LANES_SQL
-from outbox import migrate, store_metrics
+from outbox import migrate
+from outbox.store import metrics as store_metrics
 from tests.test_metrics import mixed_workload, samples, scrape, value
 
 # what migrations 0004 and 0006 leave readable of agent_action; everything else of it is refused

@@ -35,7 +35,7 @@ import outbox
 from examples.accounts import notices
 from outbox import Action, ActionKind, ActionRequest, InvalidRequest
 from outbox.requests import MAX_ATTEMPTS, MAX_KEY_LENGTH, MAX_PAYLOAD_BYTES, MAX_PAYLOAD_DEPTH, validate
-from outbox.store import SELECT_ACTION
+from outbox.store.application import SELECT_ACTION
 from tests import kinds
 from tests.test_enqueue import request
 from tests.test_enqueue_psycopg import libpq_url

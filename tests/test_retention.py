@@ -9,8 +9,8 @@ from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 import outbox
-from outbox import store
 from outbox.retention import purge_ended, purge_ended_async
+from outbox.store import application as store
 from tests import kinds
 from tests.support import insert_ended
 from tests.test_executor_results import enqueue

@@ -19,7 +19,7 @@ import pytest
 from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.engine import make_url
 
-from outbox import store
+from outbox.store import application as store
 
 OUTBOX = Path(sys.executable).parent / "outbox"  # the console script: it puts no folder on the module path
 PASSWORD = "s3cret-Pass"  # the test server trusts local connections, so any password connects

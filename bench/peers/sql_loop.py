@@ -93,7 +93,7 @@ def schema(url: str) -> tuple[int, int, int]:
 async def _schema(url: str) -> tuple[int, int, int]:
     import bench.kinds  # noqa: F401  (registers the kinds the claimed rows name)
     from outbox.executor.claimed import AttemptReport, FinishWrite
-    from outbox.store_executor import ExecutorStore, Write
+    from outbox.executor.store import ExecutorStore, Write
 
     store = ExecutorStore(url)  # the libpq URL the loops take
     done = 0

@@ -41,7 +41,7 @@ from outbox.cli.options import Database, hide_passwords, printable
 from outbox.db import sync_engine
 from outbox.errors import OutboxError
 from outbox.states import ActionState
-from outbox.store_ops import STORE_EXISTS
+from outbox.store.operator import STORE_EXISTS
 
 log = logging.getLogger(__name__)
 # the width of a line off a terminal with no COLUMNS: wider than anything a command prints

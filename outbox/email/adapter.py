@@ -46,7 +46,6 @@ from typing import Literal
 import aiosmtplib
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from outbox import store
 from outbox.email.message import (
     HOST_LABEL,
     InvalidEmail,
@@ -62,6 +61,7 @@ from outbox.email.notice import notice_of
 from outbox.executor import ActionAttempt, Cancelled, Done, Failed, Result, Retry, Uncertain, WriteWindow
 from outbox.kinds import ActionKind
 from outbox.settings import Settings
+from outbox.store import application as store
 
 TlsMode = Literal["auto", "starttls", "implicit", "none"]
 # the longest readback_ref the adapter records

@@ -19,12 +19,12 @@ from typing import Any, ClassVar
 from sqlalchemy import TextClause
 
 from outbox.action import Action
-from outbox.caller import AsyncConn, SyncConnection, fetch, fetch_async
 from outbox.email.message import Draft, PreparedEmail, Recipient
 from outbox.errors import InvalidRequest, OutboxError
 from outbox.intake import enqueue, enqueue_async, held_action, held_action_async
 from outbox.kinds import ActionKind
 from outbox.requests import ActionRequest
+from outbox.store.caller import AsyncConn, SyncConnection, fetch, fetch_async
 
 
 class UnknownNotice(OutboxError, LookupError):

@@ -29,11 +29,11 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from outbox import store_metrics
 from outbox.db import fault_text, libpq_url
 from outbox.executor.claimed import AttemptReport, ClaimedAction, FinishWrite
 from outbox.executor.config import WRITE_WINDOW_SECONDS
-from outbox.store_executor import ExecutorStore, Write, WriteOutcome
+from outbox.executor.store import ExecutorStore, Write, WriteOutcome
+from outbox.store import metrics as store_metrics
 
 log = logging.getLogger("outbox.executor")
 

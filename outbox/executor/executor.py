@@ -37,7 +37,6 @@ from sqlalchemy.exc import DBAPIError, DisconnectionError, InterfaceError, Opera
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from outbox import store
 from outbox.db import fault_text, libpq_url
 from outbox.executor.adapter import ActionAdapter
 from outbox.executor.attempt import ActionAttempt, FenceRefused
@@ -58,9 +57,10 @@ from outbox.executor.results import (
     Uncertain,
     result_name,
 )
+from outbox.executor.store import ExecutorStore
 from outbox.kinds import ActionKind
 from outbox.states import ActionState, StopReason
-from outbox.store_executor import ExecutorStore
+from outbox.store import application as store
 
 log = logging.getLogger("outbox.executor")
 

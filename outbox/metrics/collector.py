@@ -45,13 +45,13 @@ from prometheus_client.registry import Collector
 from sqlalchemy import Connection, Engine, event, text
 from sqlalchemy.exc import DBAPIError
 
-from outbox import store_metrics as sql
 from outbox.db import fault_text
 from outbox.executor.results import RESULT_NAMES
 from outbox.kinds import ActionKind
 from outbox.states import REASON_STATE
-from outbox.store_executor import LATENCY_BUCKETS
-from outbox.store_ops import COUNT_UNENDED_BY_STATE_AND_KIND
+from outbox.store import metrics as sql
+from outbox.store.executor import LATENCY_BUCKETS
+from outbox.store.operator import COUNT_UNENDED_BY_STATE_AND_KIND
 
 log = logging.getLogger("outbox.metrics")
 
@@ -77,8 +77,6 @@ CONNECT_ARGS: dict[str, Any] = {
 }
 # snapshots started that never ended (their database stopped answering mid-way) before no new one starts
 MAX_UNANSWERED = 2
-READ_ONLY_SNAPSHOT = text("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
-BOUND_STATEMENTS = text("SELECT set_config('statement_timeout', CAST(:ms AS text), true)")
 
 
 @dataclass
@@ -198,8 +196,8 @@ class OutboxCollector(Collector):
         for tries_left in (1, 0):
             try:
                 with self._engine.connect() as conn:
-                    conn.execute(READ_ONLY_SNAPSHOT)
-                    conn.execute(BOUND_STATEMENTS, {"ms": self._timeout})
+                    conn.execute(sql.READ_ONLY_SNAPSHOT)
+                    conn.execute(sql.BOUND_STATEMENTS, {"ms": self._timeout})
                     snapshot = read_snapshot(conn)
                     conn.rollback()
                     return snapshot

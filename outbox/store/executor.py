@@ -1,38 +1,21 @@
-"""The executor's statements and the typed calls that run them: claim, sweep, and the group commit.
+"""The executor's statements: the claim of lane heads, the sweep, the group commit, and the histogram bounds.
 
-    Executor ──claim(limit)──────────────▶ CLAIM_READY_HEADS          ─▶ list[ClaimedAction]
-             ──sweep(...)────────────────▶ BEAT, EXPIRE_UNSTARTED,
-                                           TAKE_BACK_EXPIRED_LEASES   ─▶ Sweep (ended, claimed again)
-    Committer ──commit(writes)───────────▶ COMMIT_WRITES              ─▶ one WriteOutcome per write
+    claim ─▶ CLAIM_READY_HEADS        sweep ─▶ BEAT, EXPIRE_UNSTARTED, TAKE_BACK_EXPIRED_LEASES
+    group commit (fences and results of many attempts) ─▶ COMMIT_WRITES
 
-Every call is one statement in a transaction of its own (the connection is in autocommit), so no executor
-transaction ever sits idle holding row locks: a frozen executor (SIGSTOP, a stalled VM) holds nothing, and
-an application's enqueue into its lanes never waits for it. The parameters and the mapping of rows to
-objects live here, beside the SQL, so a statement can be changed, measured and batched in one place.
-
-The group commit is one statement for any mix of fences and results: it locks the rows it can (SKIP
-LOCKED), and for a result the row of its lane too (the lane trigger recomputes it); it writes each fence
-and result whose row still carries its claim's epoch, and adds the attempt and latency tallies of every
+`outbox.executor.store.ExecutorStore` runs them, each in a transaction of its own, on the executor's own
+connections. The group commit is one statement for any mix of fences and results: it locks the rows it can
+(SKIP LOCKED), and for a result the row of its lane too (the lane trigger recomputes it); it writes each
+fence and result whose row still carries its claim's epoch, and adds the attempt and latency tallies of every
 result it decided, in the same transaction as the results themselves. What another transaction holds is
 reported as held and tried again in the next batch.
 """
 
 from __future__ import annotations
 
-import json
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
 
-import psycopg
-from psycopg.rows import namedtuple_row
-from sqlalchemy import TextClause, text
-
-from outbox import store_metrics
-from outbox.caller import psycopg_sql
-from outbox.executor.claimed import AttemptReport, ClaimedAction, FinishWrite
-from outbox.kinds import ActionKind
+from sqlalchemy import text
 
 # Upper bounds (seconds) of the attempt duration and pickup delay histograms.
 LATENCY_BUCKETS = (
@@ -218,160 +201,5 @@ WITH w AS MATERIALIZED (
 SELECT id, outcome, found_epoch, found_state FROM decided
 """)
 
-
-@dataclass(frozen=True)
-class Write:
-    """One write of the group commit: a fence (`report` None), or a result with the row values it writes
-    (`finish`; None for a result that writes nothing, such as an abandoned attempt) and what it tallies."""
-
-    action: ClaimedAction
-    report: AttemptReport | None = None
-    finish: FinishWrite | None = None
-
-
-@dataclass(frozen=True)
-class WriteOutcome:
-    """What the group commit did with one write: `written`, `held`, `gone`, `stale` (with the epoch and
-    state the row has now), `short` or `none`."""
-
-    outcome: str
-    found_epoch: int | None = None
-    found_state: str | None = None
-
-
-@dataclass(frozen=True)
-class Sweep:
-    """One sweep: the actions it ended (id, kind, state, stop reason, notice) and those it claimed again."""
-
-    ended: list[tuple[int, str, str, str, str | None]]
-    claimed_again: list[ClaimedAction]
-
-
-def bucket(seconds: float) -> float:
-    """The upper bound of the latency histogram bucket that `seconds` falls in."""
-    return next(le for le in LATENCY_BUCKETS if seconds <= le)
-
-
-class ExecutorStore:
-    """The executor's statements, each a transaction of its own, on a connection this store holds.
-
-    The connection is psycopg's own, opened from `url` (a libpq URL: `outbox.db.libpq_url` of the executor's
-    engine, timeouts included) on first use, in autocommit, and kept: a claim or a group commit costs one
-    round trip and no pool checkout. A lost connection raises psycopg's OperationalError (an own fault,
-    `outbox.executor.committer.database_unavailable`) and is opened again by the next call.
-    """
-
-    def __init__(self, url: str) -> None:
-        self._url = url
-        self._conn: psycopg.AsyncConnection[Any] | None = None
-
-    async def close(self) -> None:
-        if self._conn is not None:
-            conn, self._conn = self._conn, None
-            await conn.close()
-
-    async def _connection(self) -> psycopg.AsyncConnection[Any]:
-        if self._conn is None or self._conn.closed:
-            self._conn = await psycopg.AsyncConnection.connect(self._url, autocommit=True, row_factory=namedtuple_row)
-        return self._conn
-
-    async def _rows(self, statement: TextClause, params: dict[str, Any]) -> list[Any]:
-        conn = await self._connection()
-        try:
-            cursor = await conn.execute(psycopg_sql(statement), params)
-            return await cursor.fetchall() if cursor.description is not None else []
-        except (psycopg.OperationalError, psycopg.InterfaceError):
-            await self.close()
-            raise
-
-    async def claim(self, limit: int, lease_seconds: float, kinds: list[str]) -> list[ClaimedAction]:
-        """Up to `limit` ready lane heads of `kinds`, claimed under a lease of `lease_seconds`."""
-        rows = await self._rows(CLAIM_READY_HEADS, {"limit": limit, "lease_seconds": lease_seconds, "kinds": kinds})
-        return [claimed_action(row, fresh=True) for row in rows]
-
-    async def sweep(
-        self, executor_id: str, free: int, lease_seconds: float, kinds: list[str], at_most_once: list[str]
-    ) -> Sweep:
-        """Beat; end what expired before it started; take back up to `free` expired leases."""
-        await self._rows(store_metrics.BEAT, {"executor_id": executor_id})
-        expired = await self._rows(EXPIRE_UNSTARTED, {"limit": 500})
-        ended: list[tuple[int, str, str, str, str | None]] = [
-            (row.id, row.kind, "CANCELLED", "EXPIRED", None) for row in expired
-        ]
-        params = {"limit": free, "lease_seconds": lease_seconds, "at_most_once": at_most_once, "kinds": kinds}
-        again: list[ClaimedAction] = []
-        for row in await self._rows(TAKE_BACK_EXPIRED_LEASES, params) if free > 0 else []:
-            if row.state == "EXECUTING":
-                again.append(claimed_action(row, fresh=False))
-            else:
-                ended.append((row.id, row.kind, row.state, row.stop_reason, row.notice))
-        return Sweep(ended, again)
-
-    async def leave(self, executor_id: str) -> None:
-        """Remove this executor's heartbeat row."""
-        await self._rows(store_metrics.LEAVE, {"executor_id": executor_id})
-
-    async def commit(self, writes: Sequence[Write], window_seconds: float) -> list[WriteOutcome]:
-        """The group commit of `writes` (one per action); one outcome per write, in order."""
-        encoded = json.dumps([_write_row(write) for write in writes])
-        rows = await self._rows(COMMIT_WRITES, {"writes": encoded, "window_seconds": window_seconds})
-        found = {row.id: WriteOutcome(row.outcome, row.found_epoch, row.found_state) for row in rows}
-        return [found[write.action.id] for write in writes]
-
-
-def _write_row(write: Write) -> list[Any]:
-    """One write as a row of `_WRITES`, in its column order (JSON has no infinity: the last bucket is text)."""
-    action, report, finish = write.action, write.report, write.finish
-    prior = action.prior_write_started_at.isoformat() if action.prior_write_started_at else None
-    row: list[Any] = [action.id, action.epoch, "fence" if report is None else "none" if finish is None else "finish"]
-    if finish is None:
-        row += [None, None, None, None, None, None, prior, None]
-    else:
-        row += [
-            finish.state,
-            finish.stop_reason,
-            finish.readback_ref,
-            finish.delay_seconds,
-            finish.uncount,
-            finish.fence,
-            prior,
-            finish.last_error,
-        ]
-    row.append(action.kind.name)
-    if report is None:
-        row += [None, None, None, None, None]
-    else:
-        pickup = report.pickup_seconds
-        row += [
-            report.result,
-            report.attempt_seconds,
-            _json_bound(bucket(report.attempt_seconds)),
-            pickup,
-            _json_bound(bucket(pickup)) if pickup is not None else None,
-        ]
-    return row
-
-
-def _json_bound(le: float) -> float | str:
-    return le if le != math.inf else "Infinity"
-
-
-def claimed_action(row: Any, *, fresh: bool) -> ClaimedAction:
-    """A claimed row as the attempt sees it; `fresh` for a claim from its lane (not a reclaim after a lost
-    lease, whose due time is long past and says nothing about pickup)."""
-    return ClaimedAction(
-        id=row.id,
-        kind=ActionKind.get(row.kind),
-        lane_key=row.lane_key,
-        idempotency_key=row.idempotency_key,
-        workspace_id=row.workspace_id,
-        subject_account_id=row.subject_account_id,
-        payload=row.payload,
-        attempt=row.attempt,
-        max_attempts=row.max_attempts,
-        epoch=row.epoch,
-        prior_write_started_at=row.write_started_at,
-        due_at=row.due_at,
-        lease_seconds=row.lease_seconds,
-        pickup_seconds=max(0.0, row.pickup_seconds) if fresh else None,
-    )
+# `outbox.testing.drain`, before each round: every waiting action due now: a drain cuts retries' backoff and deferrals short
+MAKE_WAITING_DUE = text("UPDATE agent_action SET due_at = now() WHERE state = 'ADMITTED' AND due_at > now()")

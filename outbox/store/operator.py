@@ -10,7 +10,7 @@ import functools
 
 from sqlalchemy import TextClause, text
 
-from outbox.store import ACTION_COLUMNS
+from outbox.store.application import ACTION_COLUMNS
 
 # whether outbox's schema is there at all (a statement that names a missing table fails when planned)
 STORE_EXISTS = text("SELECT to_regclass('agent_action') IS NOT NULL")

@@ -156,3 +156,8 @@ PURGE_SUCCEEDED = text("""
 INSERT INTO agent_maintenance (job, last_success_at, last_removed) VALUES ('purge', now(), :removed)
 ON CONFLICT (job) DO UPDATE SET last_success_at = now(), last_removed = excluded.last_removed
 """)
+
+# ---- the collector's snapshot --------------------------------------------------------------------------
+
+READ_ONLY_SNAPSHOT = text("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+BOUND_STATEMENTS = text("SELECT set_config('statement_timeout', CAST(:ms AS text), true)")

@@ -32,7 +32,7 @@ from sqlalchemy.orm import Session
 from outbox.errors import OutboxError
 
 if TYPE_CHECKING:
-    from outbox.store import Query
+    from outbox.store.application import Query
 
 T = TypeVar("T")
 
