@@ -23,10 +23,12 @@ import zipfile
 from email.parser import Parser
 from pathlib import Path
 
+import psutil
 import pytest
 import yaml
-from outbox.worker import PrefectApi
 from packaging.requirements import Requirement
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.objects import StateType
 from sqlalchemy import create_engine, text
 
 from demo.stack import descendants, kill_all, stop_process
@@ -192,6 +194,9 @@ def test_installed_without_extras_it_migrates_enqueues_and_runs(
     demo = subprocess.run([outbox, "demo"], cwd=app, env=env, capture_output=True, text=True, timeout=60)
     assert demo.returncode == 2 and demo.stderr.count("\n") == 1 and "pip install 'outbox[demo]'" in demo.stderr
     assert not (app / ".outbox").exists()
+    worker = subprocess.run([outbox, "worker"], cwd=app, env=env, capture_output=True, text=True, timeout=60)
+    assert worker.returncode == 2 and worker.stderr.count("\n") == 1, worker.stderr
+    assert "pip install 'outbox[prefect]'" in worker.stderr
 
     run(outbox, "db", "upgrade", "--database-url", empty_database_url)
     libpq = empty_database_url.replace("postgresql+psycopg://", "postgresql://", 1)
@@ -265,38 +270,52 @@ def test_installed_with_prefect_it_deploys_from_an_empty_folder_and_a_worker_run
         OUTBOX_ADAPTERS="shop:adapters",
     )
 
-    api = PrefectApi(f"{prefect_server.url}/api", None, None)
-    drain = api.call("GET", "/deployments/name/outbox-drain/outbox-drain")
-    purge = api.call("GET", "/deployments/name/outbox-purge/outbox-purge")
-    assert (drain["entrypoint"], purge["entrypoint"]) == ("outbox_flows.drain:drain", "outbox_flows.purge:purge")
-    assert drain["parameters"]["adapters"] == "shop:adapters"
-    assert not drain["pull_steps"] and not purge["pull_steps"], "a worker needs no copy of the deploy folder"
+    with get_client(sync_client=True) as client:
+        drain = client.read_deployment_by_name("outbox-drain/outbox-drain")
+        purge = client.read_deployment_by_name("outbox-purge/outbox-purge")
+        automations = [automation.name for automation in client.read_automations()]
+    assert (drain.entrypoint, purge.entrypoint) == ("outbox_flows.drain:drain", "outbox_flows.purge:purge")
+    assert drain.parameters["adapters"] == "shop:adapters"
+    assert not drain.pull_steps and not purge.pull_steps, "a worker needs no copy of the deploy folder"
     written = yaml.safe_load((project / "deploy" / "prefect-automations.yaml").read_text())["automations"]
-    assert [a["name"] for a in api.call("POST", "/automations/filter", {})] == [a["name"] for a in written] != []
+    assert automations == [a["name"] for a in written] != []
 
     # a real worker of the installed package, in a folder of its own (the deploy folder gone), runs one drain
     shutil.rmtree(project)
     replica = tmp_path / "replica"
     replica.mkdir()
+
+    def worker_log() -> str:
+        return (tmp_path / "worker.log").read_text(errors="replace")[-3000:]
+
     with (tmp_path / "worker.log").open("ab") as log:
         worker = subprocess.Popen(
             [bin_dir / "outbox", "worker", "--pool", "outbox", "--name", "outbox-installed"],
             cwd=replica, env=env, stdout=log, stderr=subprocess.STDOUT,
         )  # fmt: skip
     try:
-        created = api.call("POST", f"/deployments/{drain['id']}/create_flow_run", {"parameters": {"max_actions": 1}})
-        run_id = created["id"]
+        # `outbox worker` has become the supervisor of the installed flows package, in the same process
+        def supervising() -> bool:
+            command = " ".join(psutil.Process(worker.pid).cmdline())
+            return "-m outbox_flows.worker --pool outbox --name outbox-installed" in command
 
-        def ended() -> bool:
-            state = api.state_type(run_id)
-            assert state not in {"FAILED", "CRASHED", "CANCELLED"}, (tmp_path / "worker.log").read_text()[-3000:]
-            return state == "COMPLETED"
+        until(supervising, timeout=60, what="outbox worker to exec the installed supervisor")
+        with get_client(sync_client=True) as client:
+            run_id = client.create_flow_run_from_deployment(drain.id, parameters={"max_actions": 1}).id
 
-        until(ended, timeout=180, what="the drain run to complete")
+            def ended() -> bool:
+                state = client.read_flow_run(run_id).state_type
+                assert state not in {StateType.FAILED, StateType.CRASHED, StateType.CANCELLED}, worker_log()
+                return state == StateType.COMPLETED
+
+            until(ended, timeout=180, what="the drain run to complete")
     finally:
         started = descendants(worker.pid)
         stop_process(worker, 60)
         kill_all(started)
+    # the SIGTERM reached the supervisor: it stopped the worker in order, without a traceback
+    assert worker.returncode == 0 and "stopping: the worker takes no new run" in worker_log(), worker_log()
+    assert "Traceback" not in worker_log(), worker_log()
     engine = create_engine(empty_database_url)
     with engine.connect() as conn:
         done = conn.execute(text("SELECT state, readback_ref FROM agent_action WHERE id = :id"), {"id": action_id})
