@@ -48,9 +48,9 @@ from demo.postgres import embedded_postgres_server
 from demo.run import enqueue_workload
 from demo.stack import Stack, descendants, kill_all
 from examples.accounts import schema
+from flows.worker import flow_run_processes
 from outbox import migrate
 from outbox.db import psycopg_url, sync_engine
-from outbox.worker import flow_run_processes
 
 ROOT = Path(__file__).resolve().parent.parent
 SHIPPED = ROOT / "deploy" / "prefect.yaml"
