@@ -28,6 +28,7 @@ from sqlalchemy import Engine, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from outbox.executor import committer as committer_module
 from outbox.executor.committer import Committer
 from outbox.retention import purge_ended
 from outbox.store import metrics as store_metrics
@@ -472,11 +473,14 @@ async def test_one_merge_at_a_time_and_group_commits_never_wait_for_it(engine: E
     }
 
 
-async def test_a_running_committer_merges_on_its_own(engine: Engine, aengine: AsyncEngine) -> None:
+async def test_a_running_committer_merges_on_its_own(
+    engine: Engine, aengine: AsyncEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
     await mixed_workload(engine, aengine)
     await mixed_workload(engine, aengine)
     before = samples(scrape(engine))
-    committer = Committer(aengine, tally_merge_seconds=0.05)
+    monkeypatch.setattr(committer_module, "TALLY_MERGE_SECONDS", 0.05)  # every 10 s in a running executor
+    committer = Committer(aengine)
     committer.start()
     deadline = time.monotonic() + 30
     while committer.merges < 1:  # polling the committer's own count

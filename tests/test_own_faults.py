@@ -38,7 +38,7 @@ from outbox.db import async_engine, fault_text
 from outbox.email import EmailAdapter, SmtpSettings, enqueue_email, message_id
 from outbox.executor import ActionAttempt, Done, Result
 from outbox.executor.backoff import OWN_FAULT_CAP_SECONDS, own_fault_delay
-from outbox.executor.executor import is_outbox_fault
+from outbox.faults import ended_by_the_server, own_database_fault
 from outbox.testing import drain
 from tests import kinds
 from tests.adapters import ScriptedAdapter, fence_and_confirm
@@ -323,7 +323,25 @@ def _wrapped(wrapper: type[DBAPIError], orig: Exception, *, invalidated: bool = 
     ids=lambda value: type(value).__name__ if isinstance(value, Exception) else str(value),
 )
 def test_which_errors_are_own_faults(error: Exception, own: bool) -> None:
-    assert is_outbox_fault(error) is own
+    assert own_database_fault(error) is own
+
+
+@pytest.mark.parametrize(
+    ("error", "ended"),
+    [
+        (_wrapped(OperationalError, psycopg.errors.AdminShutdown("terminating connection")), True),
+        (_wrapped(OperationalError, psycopg.errors.CrashShutdown("crash shutdown")), True),
+        (_wrapped(OperationalError, psycopg.errors.CannotConnectNow("the database system is starting up")), True),
+        (_wrapped(InterfaceError, psycopg.InterfaceError("the connection is lost"), invalidated=True), True),
+        (OperationalError(None, None, psycopg.OperationalError("lost"), connection_invalidated=True), False),
+        (_wrapped(OperationalError, psycopg.OperationalError("connection refused")), False),
+        (_wrapped(ProgrammingError, psycopg.errors.UndefinedTable("no_such_table")), False),
+    ],
+    ids=lambda value: type(getattr(value, "orig", value)).__name__ if isinstance(value, Exception) else str(value),
+)
+def test_which_errors_are_a_server_ending_the_session(error: DBAPIError, ended: bool) -> None:
+    """A command starting against its database asks again only for these; a refused connection raises at once."""
+    assert ended_by_the_server(error) is ended
 
 
 def test_a_fault_line_names_the_driver_error_without_the_statement_or_a_password() -> None:

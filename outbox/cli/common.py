@@ -40,6 +40,7 @@ from sqlalchemy.pool import NullPool
 from outbox.cli.options import Database, hide_passwords, printable
 from outbox.db import sync_engine
 from outbox.errors import OutboxError
+from outbox.faults import ended_by_the_server
 from outbox.states import ActionState
 from outbox.store.operator import STORE_EXISTS
 
@@ -198,7 +199,7 @@ def migrated_engine(database: Database, **options: Any) -> Engine:
                     require_schema(conn)
                 return checked
             except DBAPIError as error:
-                if not _ended_by_the_server(error) or time.monotonic() >= deadline:
+                if not ended_by_the_server(error) or time.monotonic() >= deadline:
                     raise
                 if not said:
                     reason = _one_line(str(error.orig))
@@ -226,9 +227,6 @@ def connect(database: Database, *, read_only: bool = False) -> Iterator[Connecti
         one.dispose()
 
 
-# SQLSTATEs of a server that ended this session: admin_shutdown (a terminated backend), crash_shutdown,
-# cannot_connect_now (starting up or shutting down)
-_ENDED_BY_THE_SERVER = {"57P01", "57P02", "57P03"}
 _RECHECK_SECONDS = 0.5
 # SQLSTATEs of a schema older (or other) than this release's statements expect
 _SCHEMA_MISMATCH = {"42P01", "42703", "42883", "42704", "3F000"}
@@ -237,11 +235,6 @@ _BACKGROUND = re.compile(r"\s*\(Background on this error at: \S+\)")
 
 def _one_line(message: str) -> str:
     return " ".join(part.strip() for part in _BACKGROUND.sub("", message).splitlines() if part.strip())
-
-
-def _ended_by_the_server(error: DBAPIError) -> bool:
-    lost_mid_statement = error.connection_invalidated and error.statement is not None
-    return lost_mid_statement or getattr(error.orig, "sqlstate", None) in _ENDED_BY_THE_SERVER
 
 
 def database_failure(error: BaseException) -> tuple[int, str] | None:

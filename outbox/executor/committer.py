@@ -24,15 +24,13 @@ import contextlib
 import logging
 from dataclasses import dataclass, field
 
-import psycopg
-from sqlalchemy.exc import DBAPIError
-from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from outbox.db import fault_text, libpq_url
 from outbox.executor.claimed import AttemptReport, ClaimedAction, FinishWrite
 from outbox.executor.config import WRITE_WINDOW_SECONDS
 from outbox.executor.store import ExecutorStore, Write, WriteOutcome
+from outbox.faults import own_database_fault
 from outbox.store import metrics as store_metrics
 
 log = logging.getLogger("outbox.executor")
@@ -55,24 +53,17 @@ class _Pending:
 
 
 class Committer:
-    def __init__(
-        self,
-        engine: AsyncEngine,
-        *,
-        tally_merge_seconds: float = TALLY_MERGE_SECONDS,
-    ) -> None:
+    def __init__(self, engine: AsyncEngine) -> None:
         self._engine = engine
         self._store = ExecutorStore(libpq_url(engine))
         self._queue: list[_Pending] = []
         self._arrived = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
-        self._merge_seconds = tally_merge_seconds
         self._merger: asyncio.Task[None] | None = None
         self._stop_merging = asyncio.Event()
         self.merges = 0
         # when set, every new fence is refused with this reason without touching the database
         self.refuse_fences: str | None = None
-        self.commits = 0
         self._closing = False
 
     def start(self) -> None:
@@ -128,7 +119,7 @@ class Committer:
                 await conn.execute(store_metrics.BOUND_MERGE, {"ms": _MERGE_TIMEOUT_MS})
                 merged = await conn.run_sync(store_metrics.merge_tallies)
         except Exception as error:
-            if not database_unavailable(error):
+            if not own_database_fault(error):
                 log.warning("could not merge the metric tallies; the next merge will: %s", error)
             return False
         self.merges += int(merged)
@@ -137,7 +128,7 @@ class Committer:
     async def _merge_periodically(self) -> None:
         while True:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stop_merging.wait(), self._merge_seconds)
+                await asyncio.wait_for(self._stop_merging.wait(), TALLY_MERGE_SECONDS)
             if self._stop_merging.is_set():
                 return
             await self.merge_tallies()
@@ -158,7 +149,7 @@ class Committer:
             try:
                 held = await self._commit(batch)
             except Exception as error:
-                if not database_unavailable(error):
+                if not own_database_fault(error):
                     # refused, or a fault of ours: these attempts fail, and the committer goes on with the
                     # next batch (were it to stop, every later fence and result would wait forever)
                     log.exception("group commit refused; its attempts stay EXECUTING until their leases expire")
@@ -189,7 +180,6 @@ class Committer:
                 first[pending.action.id] = pending
         writes = list(first.values())
         outcomes = await self._store.commit([Write(p.action, p.report, p.finish) for p in writes], WRITE_WINDOW_SECONDS)
-        self.commits += 1
         held = [p for p, o in zip(writes, outcomes, strict=True) if o.outcome == "held"]
         for pending, outcome in zip(writes, outcomes, strict=True):
             if outcome.outcome != "held" and not pending.future.done():
@@ -211,15 +201,3 @@ def _resolution(pending: _Pending, outcome: WriteOutcome) -> str | bool | None:
             return f"another claim took the action (epoch {outcome.found_epoch}, {outcome.found_state})"
         case _:
             return f"less than {WRITE_WINDOW_SECONDS:.0f} s of the lease are left"
-
-
-def connection_lost(error: DBAPIError) -> bool:
-    return error.connection_invalidated or isinstance(error.orig, psycopg.OperationalError)
-
-
-def database_unavailable(error: BaseException) -> bool:
-    """A lost connection (or one that could not be opened), or no pooled connection free in time (a slow
-    database, or this process frozen longer than the pool's timeout): try again later, as after a restart."""
-    if isinstance(error, DBAPIError):
-        return connection_lost(error)
-    return isinstance(error, PoolTimeout | psycopg.OperationalError | psycopg.InterfaceError)

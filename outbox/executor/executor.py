@@ -14,9 +14,10 @@ without counting the attempt, and fenced ones finish inside their window.
                                                    1 s doubling to 60 s, one WARNING (class, short message)
                    ─▶ otherwise               ─▶ Retry (counts; FAILED / ATTEMPTS_EXHAUSTED at the last)
 
-An own fault is a failure of outbox's database or connection pool (`is_outbox_fault`): the database
-restarting or failing over, a dropped connection, a pool with no connection free in time. A bug or bad
-data (a missing table, a broken constraint) is not one and spends attempts like any other exception.
+An own fault is a failure of outbox's database or connection pool (`outbox.faults.own_database_fault`):
+the database restarting or failing over, a dropped connection, a pool with no connection free in time. A
+bug or bad data (a missing table, a broken constraint) is not one and spends attempts like any other
+exception.
 """
 
 from __future__ import annotations
@@ -33,8 +34,6 @@ from collections.abc import Awaitable, Iterable
 from typing import TypeVar
 
 import psycopg
-from sqlalchemy.exc import DBAPIError, DisconnectionError, InterfaceError, OperationalError
-from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from outbox.db import fault_text, libpq_url
@@ -42,7 +41,7 @@ from outbox.executor.adapter import ActionAdapter
 from outbox.executor.attempt import ActionAttempt, FenceRefused
 from outbox.executor.backoff import own_fault_delay, retry_delay
 from outbox.executor.claimed import AttemptReport, ClaimedAction, FinishWrite
-from outbox.executor.committer import Committer, database_unavailable
+from outbox.executor.committer import Committer
 from outbox.executor.config import WRITE_WINDOW_SECONDS, ExecutorConfig
 from outbox.executor.outcomes import Outcomes
 from outbox.executor.results import (
@@ -58,6 +57,7 @@ from outbox.executor.results import (
     result_name,
 )
 from outbox.executor.store import ExecutorStore
+from outbox.faults import own_database_fault
 from outbox.kinds import ActionKind
 from outbox.states import ActionState, StopReason
 from outbox.store import application as store
@@ -222,7 +222,7 @@ class Executor:
         try:
             return await call
         except psycopg.Error as error:
-            if not database_unavailable(error):
+            if not own_database_fault(error):
                 raise
             log.warning("database unavailable, trying again: %s", fault_text(error))
             return None
@@ -271,7 +271,7 @@ class Executor:
                 log.exception("action %s: adapter failed after its fence", action.id)
                 # the class only: the message may hold anything, a recipient included (the log has it)
                 result = _uncertain_after_error(f"the adapter raised {type(error).__name__} after its fence")
-            elif is_outbox_fault(error):
+            elif own_database_fault(error):
                 # No window was granted, so the provider was not called. The fence itself may have raised.
                 # A connection lost in the fence's transaction, its COMMIT included, does not raise: the
                 # committer tries again, and a fence that had committed commits again under the same epoch.
@@ -318,28 +318,6 @@ def notice_of(action: ClaimedAction) -> str | None:
 
 def _uncertain_after_error(reason: str) -> Uncertain:
     return Uncertain(reason, StopReason.ERROR_AFTER_WRITE)
-
-
-# Failures of outbox's own database or connection pool, raised through SQLAlchemy or by psycopg itself.
-# psycopg's OperationalError covers a refused or dropped connection, a server shutting down, a statement
-# or lock timeout and a serialization failure; SQLAlchemy wraps it under the same name.
-_OWN_FAULTS: tuple[type[Exception], ...] = (
-    OperationalError,
-    InterfaceError,
-    PoolTimeout,
-    DisconnectionError,
-    psycopg.OperationalError,
-    psycopg.InterfaceError,
-)
-
-
-def is_outbox_fault(error: BaseException) -> bool:
-    """A failure of outbox's own database or connection pool, not of the adapter's logic or its data:
-    the classes above, and any error on which SQLAlchemy found its connection lost. ProgrammingError,
-    IntegrityError and DataError (a bug or bad data) are not."""
-    if isinstance(error, DBAPIError) and error.connection_invalidated:
-        return True
-    return isinstance(error, _OWN_FAULTS)
 
 
 def _own_fault(action: ClaimedAction, error: BaseException) -> OutboxFault:

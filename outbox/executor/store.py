@@ -76,7 +76,7 @@ class ExecutorStore:
     The connection is psycopg's own, opened from `url` (a libpq URL: `outbox.db.libpq_url` of the executor's
     engine, timeouts included) on first use, in autocommit, and kept: a claim or a group commit costs one
     round trip and no pool checkout. A lost connection raises psycopg's OperationalError (an own fault,
-    `outbox.executor.committer.database_unavailable`) and is opened again by the next call.
+    `outbox.faults.own_database_fault`) and is opened again by the next call.
     """
 
     def __init__(self, url: str) -> None:
