@@ -247,6 +247,12 @@ def enqueue(engine: Engine, alerts: list[tuple[int, int]]) -> Ids:
     return Ids(ids[0], ids[-1])
 
 
+def enqueue_workload(engine: Engine, emails: int, lanes: int) -> int:
+    """`emails` workspace alerts over `lanes` new workspaces, enqueued as an application would; returns the
+    first action's id. The stack tests and the soak bench use it."""
+    return enqueue(engine, make_alerts(engine, emails, lanes)).first
+
+
 def enqueue_paced(engine: Engine, alerts: list[tuple[int, int]], per_second: float) -> Ids:
     """One alert email per transaction, `per_second` of them a second, on a steady schedule."""
     ids: list[int] = []
