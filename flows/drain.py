@@ -4,7 +4,7 @@
                   ├─ once claiming: tag the run kind:<KIND> and env:<environment>
                   ├─ every 2 s: the deployment's claiming runs, newest first, and the pool's ONLINE workers;
                   │  a run with as many newer runs as there are workers hands over (stops its executor)
-                  ├─ each action ended UNCERTAIN, and each EMAIL ended FAILED ──▶ one Prefect event
+                  ├─ each action ended UNCERTAIN or FAILED, of any kind ──▶ one Prefect event
                   └─▶ one INFO summary line; a table artifact only when the run attempted something
 
 The relay. The deployment starts one run per schedule tick (every 300 s by default: 288 runs a day). A run
@@ -24,15 +24,16 @@ ONLINE to take that run, keeps its executor until that run claims (at most 30 s)
 the executors short by the runs it held. With no other worker ONLINE it stops at once: its replacement waits
 for the next worker to start. Each run is a fresh subprocess, which is why the metrics live in the database.
 
-Events: `outbox.action.uncertain` (any kind) and `outbox.action.failed` (EMAIL). The resource is the action
-(`outbox.action.<id>`) with its kind, state, reason and, for an email, the notice's name; never a recipient
-or payload.
+Events: `outbox.action.uncertain` and `outbox.action.failed`, one rule for every kind. The resource is the
+action (`outbox.action.<id>`) with its kind, state and reason, and one label `outbox.trace.<field>` per field
+of the trace its adapter noted (an email's notice and Message-ID); never a recipient or payload.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import signal
@@ -306,20 +307,25 @@ def relieved_by(me: UUID, running: list[tuple[datetime, UUID]], workers: int) ->
 
 
 def emit_ended(action: EndedAction) -> None:
-    """One Prefect event for an action that ended UNCERTAIN, or an EMAIL that ended FAILED."""
-    if action.state != "UNCERTAIN" and not (action.state == "FAILED" and action.kind == "EMAIL"):
+    """One Prefect event for an action of any kind that ended UNCERTAIN or FAILED."""
+    if action.state not in ("UNCERTAIN", "FAILED"):
         return
-    emit_event(
-        event=f"outbox.action.{action.state.lower()}",
-        resource={
-            "prefect.resource.id": f"outbox.action.{action.id}",
-            "prefect.resource.name": f"{action.kind} action {action.id}",
-            "outbox.kind": action.kind,
-            "outbox.state": action.state,
-            "outbox.reason": action.reason,
-            "outbox.notice": action.notice or "",
-        },
-    )
+    emit_event(event=f"outbox.action.{action.state.lower()}", resource=ended_resource(action))
+
+
+def ended_resource(action: EndedAction) -> dict[str, str]:
+    """The event's resource: the action, its kind, state and reason, and its trace (`outbox.trace.<field>`,
+    a string as it is, any other value as JSON)."""
+    resource = {
+        "prefect.resource.id": f"outbox.action.{action.id}",
+        "prefect.resource.name": f"{action.kind} action {action.id}",
+        "outbox.kind": action.kind,
+        "outbox.state": action.state,
+        "outbox.reason": action.reason,
+    }
+    for name, value in action.trace.items():
+        resource[f"outbox.trace.{name}"] = value if isinstance(value, str) else json.dumps(value)
+    return resource
 
 
 def summarize(outcomes: Outcomes, seconds: float) -> dict[str, Any]:

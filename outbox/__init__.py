@@ -1,14 +1,16 @@
 """outbox: carry out a product's effects on the outside world as reliably as the database that records them.
 
 The public API, re-exported; nothing else. Each name loads its module on first use, so importing `outbox`
-(or the `outbox` command) costs nothing it does not use, and registers nothing: an application registers
-its own kinds' adapters and email notices.
+(or the `outbox` command) costs nothing it does not use. It registers the kinds outbox brings (EMAIL, from
+`outbox.email.kind`, which loads no SMTP client) and nothing else: an application registers its own kinds'
+adapters and email notices.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import outbox.email.kind  # noqa: F401  (EMAIL's declaration, ActionKind.EMAIL; nothing else of outbox.email)
 from outbox.exports import lazy_names
 
 if TYPE_CHECKING:

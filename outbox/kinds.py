@@ -2,9 +2,10 @@
 
 A kind declares whether it is at most once (it cannot read back, so the database refuses to reclaim it
 after its write started) and where it may run: in a workspace, at instance level (no workspace), or both.
-The database holds the same declaration as a row of `agent_action_kind` (step 2 of "Add a kind"); the
-production migrations write `EMAIL`'s, and `tests/test_kinds.py` checks that the rows declare exactly what
-this registry declares.
+The database holds the same declaration as a row of `agent_action_kind` (step 2 of "Add a kind"), and
+`tests/test_kinds.py` checks that the rows declare exactly what this registry declares. This module names
+no kind: each kind registers itself in its own module (`EMAIL` in `outbox.email.kind`, which importing
+`outbox` loads).
 
 A kind may also name a payload check, `"module:function"`:
 
@@ -44,7 +45,7 @@ class ActionKind:
     """One kind of effect. Register it once; every kind has exactly one adapter.
 
     `instance_level`: the action may have no workspace (such as an email to an account).
-    `workspace_level`: the action may belong to a workspace. EMAIL is both: each notice decides.
+    `workspace_level`: the action may belong to a workspace. A kind may allow both.
     `payload_check`: `"module:function"`, called with the payload at enqueue after the generic checks;
     the function raises InvalidRequest to refuse the payload.
     """
@@ -56,6 +57,7 @@ class ActionKind:
     payload_check: str | None = None
 
     _registry: ClassVar[dict[str, ActionKind]] = {}
+    # the public name of a kind outbox brings, set by the kind's own module (outbox.email.kind)
     EMAIL: ClassVar[ActionKind]
 
     def __str__(self) -> str:
@@ -127,11 +129,3 @@ def _shown_name(name: object) -> str:
         return f"(a {type(name).__name__}, not a name)"
     shown = repr(name)
     return shown if len(shown) <= 80 else shown[:76] + "...'"
-
-
-ActionKind.EMAIL = ActionKind.register(
-    "EMAIL", at_most_once=True, instance_level=True, payload_check="outbox.email.notice:check_payload"
-)
-
-# The kinds the production migration declares; a test kind is never among them.
-PRODUCTION_KINDS = frozenset({"EMAIL"})

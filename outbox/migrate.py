@@ -39,7 +39,7 @@ from alembic.util.exc import CommandError
 from sqlalchemy import Connection, StaticPool, create_engine
 
 from outbox.errors import OutboxError
-from outbox.kinds import PRODUCTION_KINDS, ActionKind
+from outbox.kinds import ActionKind
 from outbox.store.application import UPSERT_KIND
 from outbox.store.caller import _check_transaction
 from outbox.store.migrations import (
@@ -63,6 +63,9 @@ MIGRATIONS_DIR = _PACKAGED if _PACKAGED.is_dir() else Path(__file__).resolve().p
 
 # An earlier release kept its revision in `alembic_version`; these were its revision ids.
 _EARLIER_REVISIONS = ("0001", "0002", "0003")
+# The kinds outbox's own revisions declare (their rows of agent_action_kind, written by 0007): only a
+# revision removes them, so forget_kinds refuses them. A test kind or an application's is never among them.
+PRODUCTION_KINDS = frozenset({"EMAIL"})
 
 
 DatabaseConnection = Connection | psycopg.Connection[Any]

@@ -19,7 +19,8 @@ from sqlalchemy import Connection, Engine, create_engine, text
 from sqlalchemy.exc import DBAPIError, IntegrityError
 
 from outbox import migrate
-from outbox.kinds import PRODUCTION_KINDS, ActionKind, is_kind_name
+from outbox.kinds import ActionKind, is_kind_name
+from outbox.migrate import PRODUCTION_KINDS
 from outbox.testing import DeclaredKinds, declared_kinds, install_kinds
 from tests import kinds
 

@@ -2,28 +2,50 @@
 
 An application defines an `EmailNotice` per kind of email, registers it, and enqueues with
 `enqueue_email`; executors run `email_adapters(engine)` (the `outbox run` default).
+
+    import outbox ──▶ outbox.email.kind (EMAIL's declaration; nothing else of this package)
+    outbox.email.<name> ──first use──▶ its module: the notices (outbox.email.notice), the message
+                                       (outbox.email.message), the adapter and SMTP (outbox.email.adapter)
+
+Each name loads its module on first use, so registering EMAIL at `import outbox` loads no SMTP client.
 """
 
-from sqlalchemy.ext.asyncio import AsyncEngine
+from __future__ import annotations
 
-from outbox.email.adapter import EmailAdapter, SmtpSettings, classify_reply
-from outbox.email.message import Draft, InvalidEmail, PreparedEmail, Recipient, message_id
-from outbox.email.notice import (
-    EmailNotice,
-    UnknownNotice,
-    enqueue_email,
-    enqueue_email_async,
-    notice_named,
-    register,
-)
-from outbox.executor import ActionAdapter
-from outbox.settings import load_settings
+from typing import TYPE_CHECKING
 
+from outbox.exports import lazy_names
 
-def email_adapters(engine: AsyncEngine) -> list[ActionAdapter]:
-    """The EMAIL adapter configured from OUTBOX_SMTP_*; the application registers its notices first."""
-    return [EmailAdapter(engine, SmtpSettings.from_settings(load_settings()))]
+if TYPE_CHECKING:
+    from outbox.email.adapter import EmailAdapter, SmtpSettings, classify_reply, email_adapters
+    from outbox.email.message import Draft, InvalidEmail, PreparedEmail, Recipient, message_id
+    from outbox.email.notice import (
+        EmailNotice,
+        UnknownNotice,
+        enqueue_email,
+        enqueue_email_async,
+        notice_named,
+        register,
+    )
 
+# no name here may be a module of this package too (the module would replace the name once imported)
+_HOMES = {
+    "Draft": "outbox.email.message",
+    "EmailAdapter": "outbox.email.adapter",
+    "EmailNotice": "outbox.email.notice",
+    "InvalidEmail": "outbox.email.message",
+    "PreparedEmail": "outbox.email.message",
+    "Recipient": "outbox.email.message",
+    "SmtpSettings": "outbox.email.adapter",
+    "UnknownNotice": "outbox.email.notice",
+    "classify_reply": "outbox.email.adapter",
+    "email_adapters": "outbox.email.adapter",
+    "enqueue_email": "outbox.email.notice",
+    "enqueue_email_async": "outbox.email.notice",
+    "message_id": "outbox.email.message",
+    "notice_named": "outbox.email.notice",
+    "register": "outbox.email.notice",
+}
 
 __all__ = [
     "Draft",
@@ -42,3 +64,6 @@ __all__ = [
     "notice_named",
     "register",
 ]
+
+
+__getattr__, __dir__ = lazy_names(__name__, _HOMES, globals(), __all__)

@@ -9,8 +9,11 @@
 The whole SMTP exchange runs under the fence's deadline; a slower relay is cut off and classified by the
 stage it had reached. Results carry stage names and reply codes only, never an address, a reply's text or
 the body: the executor keeps each result's reason as the action's last_error (`rcpt: 550; every recipient
-refused`). Before it prepares the email, the adapter records the action's trace, the notice's name and the
-Message-ID, which outlive the payload, so an operator can find an UNCERTAIN email in the relay's logs.
+refused`). Before it prepares the email, the adapter notes the action's trace (`attempt.note`): the notice's
+name and the Message-ID, which outlive the payload, so an operator can find an UNCERTAIN email in the
+relay's logs. The executor writes the trace with the fence (durable before anything is sent) or with the
+result, and shows it in the UNCERTAIN warning line and the drain's events; the adapter runs no SQL of its
+own beyond the notice's recipients query.
 
 | stage                        | what happened                                 | result                         |
 | connect, greeting, EHLO, TLS | refused, dropped, timed out, any reply        | Retry                          |
@@ -35,7 +38,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ipaddress
-import json
 import socket
 import ssl
 from dataclasses import dataclass, field
@@ -46,6 +48,7 @@ from typing import Literal
 import aiosmtplib
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from outbox.email.kind import EMAIL
 from outbox.email.message import (
     HOST_LABEL,
     InvalidEmail,
@@ -58,10 +61,9 @@ from outbox.email.message import (
     message_id,
 )
 from outbox.email.notice import notice_of
-from outbox.executor import ActionAttempt, Cancelled, Done, Failed, Result, Retry, Uncertain, WriteWindow
+from outbox.email.settings import EmailSettings, load_settings
+from outbox.executor import ActionAdapter, ActionAttempt, Cancelled, Done, Failed, Result, Retry, Uncertain, WriteWindow
 from outbox.kinds import ActionKind
-from outbox.settings import Settings
-from outbox.store import application as store
 
 TlsMode = Literal["auto", "starttls", "implicit", "none"]
 # the longest readback_ref the adapter records
@@ -96,7 +98,7 @@ class SmtpSettings:
             raise ValueError(f"smtp port must be 1-65535, not {self.port}")
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> SmtpSettings:
+    def from_settings(cls, settings: EmailSettings) -> SmtpSettings:
         return cls(
             host=settings.smtp_host,
             port=settings.smtp_port,
@@ -181,18 +183,16 @@ class EmailAdapter:
 
     @property
     def kind(self) -> ActionKind:
-        return ActionKind.EMAIL
+        return EMAIL
 
     async def execute(self, attempt: ActionAttempt) -> Result:
         action = attempt.action
         notice, event = notice_of(action.payload)
         message_id_value = message_id(action.idempotency_key, self.settings.message_id_domain)
+        # what traces the email once its payload is gone: written with the fence, or with the result
+        attempt.note(notice=notice.name, message_id=message_id_value)
         try:
             async with self._engine.connect() as conn:
-                # what traces the email once its payload is gone, durable before anything is sent
-                trace = json.dumps({"notice": notice.name, "message_id": message_id_value})
-                await conn.execute(store.NOTE_TRACE, {"id": action.id, "epoch": action.epoch, "trace": trace})
-                await conn.commit()
                 email = await notice.prepare_async(conn, event)
         except InvalidEmail as invalid:
             return Failed(f"prepare: the {notice.name} notice cannot be sent: {invalid.field} {invalid.message}")
@@ -264,6 +264,11 @@ class EmailAdapter:
         if self.settings.ca_file is not None:
             context.load_verify_locations(cafile=str(self.settings.ca_file))
         return context
+
+
+def email_adapters(engine: AsyncEngine) -> list[ActionAdapter]:
+    """The EMAIL adapter configured from OUTBOX_SMTP_*; the application registers its notices first."""
+    return [EmailAdapter(engine, SmtpSettings.from_settings(load_settings()))]
 
 
 async def _recipients(smtp: aiosmtplib.SMTP, recipients: tuple[Recipient, ...]) -> list[int]:

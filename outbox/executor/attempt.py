@@ -7,22 +7,47 @@
 The window's deadline is local monotonic time: the time the fence was sent plus 60 s. The database
 granted at least that much lease after it received the fence, so a replica whose wall clock is hours
 off computes the same window.
+
+The trace: what finds the action at its provider once its payload is gone (an email's notice and
+Message-ID), for any kind. The adapter notes it on its attempt; outbox writes it, the adapter runs no SQL:
+
+    adapter ──attempt.note(field=value, ...)──▶ the attempt's trace: the trace the claim found, these fields
+                                                 added (a field noted again takes the new value)
+            ──fence──▶ Committer: the trace with write_started_at, in the fence's transaction, so it is
+                       durable before the provider call
+    result  ──▶ Committer: the trace with the result (an attempt that never fenced, such as a refusal
+                before it, keeps what it noted too); an attempt that noted nothing leaves the trace as it is
+
+Whatever the executor shows of an ended action (the UNCERTAIN warning line, the listeners' EndedAction
+and so the drain's Prefect events) is this trace. Its fields are names of lower case letters, digits and
+underscores; its values are strings, integers, booleans or None; its JSON text is at most TRACE_LIMIT
+characters, the bound the database checks (ck_agent_action_trace). It never holds a recipient, an address
+or payload data: the reader role, the logs and the events show it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
+import re
+from collections.abc import Mapping
 from typing import Protocol
 
 from outbox.errors import OutboxError
 from outbox.executor.claimed import ClaimedAction
 from outbox.executor.config import WRITE_WINDOW_SECONDS
 
+# the longest trace, as its JSON text (migration 0006 checks the same bound)
+TRACE_LIMIT = 500
+TraceValue = str | int | bool | None
+_FIELD = re.compile(r"[a-z][a-z0-9_]*")
+
 
 class WriteFence(Protocol):
-    """Records that an attempt's write starts (the committer): None when granted, else why not."""
+    """Records that an attempt's write starts (the committer), with the attempt's trace when it noted one:
+    None when granted, else why not."""
 
-    async def begin_write(self, action: ClaimedAction) -> str | None: ...
+    async def begin_write(self, action: ClaimedAction, trace: Mapping[str, TraceValue] | None = None) -> str | None: ...
 
 
 class FenceRefused(OutboxError):
@@ -61,7 +86,7 @@ class Fence:
         if attempt.window is not None:
             return attempt.window
         sent_at = asyncio.get_running_loop().time()
-        refusal = await attempt.committer.begin_write(attempt.action)
+        refusal = await attempt.committer.begin_write(attempt.action, attempt.noted_trace())
         if refusal is not None:
             raise FenceRefused(attempt.action.id, refusal)
         attempt.window = WriteWindow(attempt.action.id, sent_at + WRITE_WINDOW_SECONDS)
@@ -75,6 +100,29 @@ class ActionAttempt:
         self.action = action
         self.committer = committer
         self.window: WriteWindow | None = None
+        self._trace: dict[str, TraceValue] = dict(action.trace or {})
+        self._noted = False
+
+    def note(self, **fields: TraceValue) -> None:
+        """Add `fields` to the action's trace, written with this attempt's fence or result. Refuses (and
+        adds nothing) a field name or value the trace cannot hold, or a trace longer than TRACE_LIMIT."""
+        for name, value in fields.items():
+            _check_field(name, value)
+        trace = {**self._trace, **fields}
+        length = len(trace_text(trace))
+        if length > TRACE_LIMIT:
+            raise ValueError(f"the trace would be {length} characters of JSON, more than {TRACE_LIMIT}")
+        self._trace = trace
+        self._noted = self._noted or bool(fields)
+
+    @property
+    def trace(self) -> Mapping[str, TraceValue]:
+        """The action's trace as this attempt leaves it: what the claim found, with what it noted."""
+        return dict(self._trace)
+
+    def noted_trace(self) -> Mapping[str, TraceValue] | None:
+        """The trace to write: None when this attempt noted nothing (the stored trace stays as it is)."""
+        return self.trace if self._noted else None
 
     def write_started(self) -> bool:
         """True when an earlier attempt may have written: a read-back adapter looks before writing."""
@@ -87,3 +135,17 @@ class ActionAttempt:
     def fenced(self) -> bool:
         """This attempt passed its fence: from here on an error means the effect may exist."""
         return self.window is not None
+
+
+def trace_text(trace: Mapping[str, TraceValue]) -> str:
+    """The trace as the JSON text the database measures."""
+    return json.dumps(trace, ensure_ascii=False)
+
+
+def _check_field(name: str, value: object) -> None:
+    if not _FIELD.fullmatch(name):
+        raise ValueError(f"trace field {name!r}: a name of lower case letters, digits and underscores")
+    if value is not None and not isinstance(value, str | int | bool):
+        raise TypeError(f"trace field {name}: a str, int, bool or None, not {type(value).__name__}")
+    if isinstance(value, str) and "\x00" in value:
+        raise ValueError(f"trace field {name}: the database cannot keep a NUL character")

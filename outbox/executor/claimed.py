@@ -31,6 +31,8 @@ class ClaimedAction:
     lease_seconds: float
     # due to claim, on the database clock; None for a reclaim after a lost lease
     pickup_seconds: float | None = None
+    # the trace earlier attempts noted (outbox.executor.attempt), as the claim found it
+    trace: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,7 @@
         lock the rows (and, for a state change, the lane rows) with SKIP LOCKED
         fence:  write_started_at where epoch and state still match and the lease covers the window
         result: the result's state where epoch and state still match; the attempt tallies beside it
+        either: the attempt's trace (`attempt.note`), when it noted one, in the same row update
     committed ──▶ resolve each future. A row someone else holds waits for the next statement.
 
 Every write names its own epoch, so batching never lets one attempt write for another, and a future
@@ -22,11 +23,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from outbox.db import fault_text, libpq_url
+from outbox.executor.attempt import TraceValue
 from outbox.executor.claimed import AttemptReport, ClaimedAction, FinishWrite
 from outbox.executor.config import WRITE_WINDOW_SECONDS
 from outbox.executor.store import ExecutorStore, Write, WriteOutcome
@@ -50,6 +53,8 @@ class _Pending:
     # None: a fence. Otherwise a result, which writes `finish` (None: writes nothing, as Abandoned)
     report: AttemptReport | None = None
     finish: FinishWrite | None = None
+    # the attempt's trace to write with the fence or the result; None keeps the stored one
+    trace: Mapping[str, TraceValue] | None = None
 
 
 class Committer:
@@ -96,19 +101,25 @@ class Committer:
             self._queue.clear()
         await self._store.close()
 
-    async def begin_write(self, action: ClaimedAction) -> str | None:
-        """The fence: None when it committed, else the reason it refused."""
+    async def begin_write(self, action: ClaimedAction, trace: Mapping[str, TraceValue] | None = None) -> str | None:
+        """The fence, with the attempt's trace: None when it committed, else the reason it refused."""
         if self.refuse_fences is not None:
             return self.refuse_fences
         future: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
-        self._enqueue(_Pending(action, future))
+        self._enqueue(_Pending(action, future, trace=trace))
         return await future
 
-    async def finish(self, action: ClaimedAction, write: FinishWrite | None, report: AttemptReport) -> bool:
-        """Write one result under the claim's epoch and tally the attempt; False when the write changed
-        nothing or there was none (not recorded)."""
+    async def finish(
+        self,
+        action: ClaimedAction,
+        write: FinishWrite | None,
+        report: AttemptReport,
+        trace: Mapping[str, TraceValue] | None = None,
+    ) -> bool:
+        """Write one result (and the attempt's trace) under the claim's epoch and tally the attempt; False
+        when the write changed nothing or there was none (not recorded)."""
         future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        self._enqueue(_Pending(action, future, report, write))
+        self._enqueue(_Pending(action, future, report, write, trace))
         return await future
 
     async def merge_tallies(self) -> bool:
@@ -179,7 +190,9 @@ class Committer:
             else:
                 first[pending.action.id] = pending
         writes = list(first.values())
-        outcomes = await self._store.commit([Write(p.action, p.report, p.finish) for p in writes], WRITE_WINDOW_SECONDS)
+        outcomes = await self._store.commit(
+            [Write(p.action, p.report, p.finish, p.trace) for p in writes], WRITE_WINDOW_SECONDS
+        )
         held = [p for p, o in zip(writes, outcomes, strict=True) if o.outcome == "held"]
         for pending, outcome in zip(writes, outcomes, strict=True):
             if outcome.outcome != "held" and not pending.future.done():

@@ -4,6 +4,11 @@
           ─▶ one task per attempt: adapter.execute(attempt) ─▶ result ─▶ FinishWrite ─▶ Committer
           wait for: NOTIFY from an enqueue, a finished attempt (its lane's next head), or the poll interval
 
+An adapter notes what finds its action at the provider (`attempt.note`, outbox.executor.attempt): the
+committer writes that trace with the fence or the result, and an action that ends (here, or in the sweep,
+which reads the trace from its row) reaches Outcomes as an EndedAction carrying it. The executor reads no
+payload and names no kind: what the log line and the listeners show of an ended action is its trace.
+
 There is no leader: every replica runs the same loop, and SKIP LOCKED keeps them apart. Every time is
 the database clock; local time only measures the write window (monotonic, relative to the fence).
 On stop, claiming ends, fences refuse, claimed actions that have not fenced go back to their lanes
@@ -43,7 +48,7 @@ from outbox.executor.backoff import own_fault_delay, retry_delay
 from outbox.executor.claimed import AttemptReport, ClaimedAction, FinishWrite
 from outbox.executor.committer import Committer
 from outbox.executor.config import WRITE_WINDOW_SECONDS, ExecutorConfig
-from outbox.executor.outcomes import Outcomes
+from outbox.executor.outcomes import EndedAction, Outcomes
 from outbox.executor.results import (
     Abandoned,
     Cancelled,
@@ -208,8 +213,8 @@ class Executor:
         )
         if sweep is None:
             return 0
-        for action_id, kind, state, stop_reason, notice in sweep.ended:
-            self.outcomes.end(action_id, kind, state, stop_reason, notice)
+        for ended in sweep.ended:
+            self.outcomes.end(ended)
         for action in sweep.claimed_again:
             log.info("action %s: lease expired, claimed again (attempt %s)", action.id, action.attempt)
             self._spawn(action)
@@ -297,10 +302,10 @@ class Executor:
         assert self._committer is not None
         seconds = asyncio.get_running_loop().time() - started
         report = AttemptReport(result_name(result), seconds, action.pickup_seconds)
-        recorded = await self._committer.finish(action, write, report)
+        recorded = await self._committer.finish(action, write, report, attempt.noted_trace())
         self.outcomes.attempt(action.kind.name, result_name(result), recorded)
         if recorded and write is not None and write.stop_reason is not None:
-            self.outcomes.end(action.id, action.kind.name, write.state, write.stop_reason, notice_of(action))
+            self.outcomes.end(EndedAction(action.id, action.kind.name, write.state, write.stop_reason, attempt.trace))
         if not recorded and write is not None:
             log.info(
                 "action %s: %s under epoch %s was not recorded (a newer claim or an erasure)",
@@ -308,12 +313,6 @@ class Executor:
                 result_name(result),
                 action.epoch,
             )
-
-
-def notice_of(action: ClaimedAction) -> str | None:
-    """The notice an EMAIL action's payload names (checked at enqueue); None for every other kind."""
-    notice = action.payload.get("notice") if action.kind is ActionKind.EMAIL else None
-    return notice if isinstance(notice, str) else None
 
 
 def _uncertain_after_error(reason: str) -> Uncertain:

@@ -1,17 +1,25 @@
 """What an executor did: attempts by kind, result and whether the write took effect; actions it ended.
 
+    attempt's result recorded ─┐
+    sweep (expired, lease lost)─┴─▶ Outcomes.end(EndedAction: id, kind, state, reason, trace)
+        ─▶ the ended tally ─▶ UNCERTAIN: one WARNING line ─▶ each listener (the drain: a Prefect event)
+
 The labels are the metric labels the dashboards and alerts use. An action that ends UNCERTAIN logs exactly one
-WARNING here, with its kind, reason and id, never its recipient or payload. Whoever runs the executor can
-listen for the actions it ends (`listeners`): the Prefect drain turns the UNCERTAIN ones, and the FAILED
-emails, into Prefect events. A listener runs on the executor's event loop and must not block.
+WARNING here, with its kind, reason and id, and the trace its adapter noted (outbox.executor.attempt), never
+its recipient or payload. Whatever is shown of an ended action beyond its id, kind, state and reason is its
+trace, the same for every kind. Whoever runs the executor can listen for the actions it ends (`listeners`):
+the Prefect drain turns the UNCERTAIN and FAILED ones into Prefect events. A listener runs on the executor's
+event loop and must not block.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 log = logging.getLogger("outbox.executor")
 
@@ -24,8 +32,13 @@ class EndedAction:
     kind: str
     state: str
     reason: str
-    # the email notice's name (EMAIL actions), else None
-    notice: str | None
+    # the fields its adapter noted (an email's notice and Message-ID); empty when it noted none
+    trace: Mapping[str, Any] = field(default_factory=dict)
+
+
+def shown_trace(trace: Mapping[str, Any]) -> str:
+    """A trace on one line, `field=value` each, a string value in JSON quotes (no control character)."""
+    return " ".join(f"{name}={json.dumps(value, ensure_ascii=False)}" for name, value in trace.items())
 
 
 @dataclass
@@ -39,16 +52,16 @@ class Outcomes:
     def attempt(self, kind: str, result: str, recorded: bool) -> None:
         self.attempts[(kind, result, recorded)] += 1
 
-    def end(self, action_id: int, kind: str, state: str, reason: str, notice: str | None = None) -> None:
-        self.ended[(kind, state, reason)] += 1
-        if state == "UNCERTAIN":
-            log.warning("action %s of kind %s ended UNCERTAIN: %s", action_id, kind, reason)
-        ended = EndedAction(action_id, kind, state, reason, notice)
+    def end(self, ended: EndedAction) -> None:
+        self.ended[(ended.kind, ended.state, ended.reason)] += 1
+        if ended.state == "UNCERTAIN":
+            trace = f" ({shown_trace(ended.trace)})" if ended.trace else ""
+            log.warning("action %s of kind %s ended UNCERTAIN: %s%s", ended.id, ended.kind, ended.reason, trace)
         for listener in self.listeners:
             try:
                 listener(ended)
             except Exception:  # a listener's fault never stops the executor
-                log.exception("a listener failed on action %s", action_id)
+                log.exception("a listener failed on action %s", ended.id)
 
     @property
     def attempted(self) -> int:

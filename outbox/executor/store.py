@@ -5,6 +5,7 @@ connections of its own: claim, sweep, and the group commit.
              ──sweep(...)────────────────▶ BEAT, EXPIRE_UNSTARTED,
                                            TAKE_BACK_EXPIRED_LEASES   ─▶ Sweep (ended, claimed again)
     Committer ──commit(writes)───────────▶ COMMIT_WRITES              ─▶ one WriteOutcome per write
+              (each write: a fence or a result, with the attempt's trace when it noted one)
 
 Every call is one statement in a transaction of its own (the connection is in autocommit), so no executor
 transaction ever sits idle holding row locks: a frozen executor (SIGSTOP, a stalled VM) holds nothing, and
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,7 +25,9 @@ import psycopg
 from psycopg.rows import namedtuple_row
 from sqlalchemy import TextClause
 
+from outbox.executor.attempt import TraceValue
 from outbox.executor.claimed import AttemptReport, ClaimedAction, FinishWrite
+from outbox.executor.outcomes import EndedAction
 from outbox.kinds import ActionKind
 from outbox.store import metrics as store_metrics
 from outbox.store.caller import psycopg_sql
@@ -40,11 +43,13 @@ from outbox.store.executor import (
 @dataclass(frozen=True)
 class Write:
     """One write of the group commit: a fence (`report` None), or a result with the row values it writes
-    (`finish`; None for a result that writes nothing, such as an abandoned attempt) and what it tallies."""
+    (`finish`; None for a result that writes nothing, such as an abandoned attempt) and what it tallies.
+    `trace`: the attempt's trace, written with the fence or the result's values; None keeps the stored one."""
 
     action: ClaimedAction
     report: AttemptReport | None = None
     finish: FinishWrite | None = None
+    trace: Mapping[str, TraceValue] | None = None
 
 
 @dataclass(frozen=True)
@@ -59,9 +64,9 @@ class WriteOutcome:
 
 @dataclass(frozen=True)
 class Sweep:
-    """One sweep: the actions it ended (id, kind, state, stop reason, notice) and those it claimed again."""
+    """One sweep: the actions it ended (with the trace each keeps) and those it claimed again."""
 
-    ended: list[tuple[int, str, str, str, str | None]]
+    ended: list[EndedAction]
     claimed_again: list[ClaimedAction]
 
 
@@ -113,16 +118,14 @@ class ExecutorStore:
         """Beat; end what expired before it started; take back up to `free` expired leases."""
         await self._rows(store_metrics.BEAT, {"executor_id": executor_id})
         expired = await self._rows(EXPIRE_UNSTARTED, {"limit": 500})
-        ended: list[tuple[int, str, str, str, str | None]] = [
-            (row.id, row.kind, "CANCELLED", "EXPIRED", None) for row in expired
-        ]
+        ended = [EndedAction(row.id, row.kind, "CANCELLED", "EXPIRED", row.trace or {}) for row in expired]
         params = {"limit": free, "lease_seconds": lease_seconds, "at_most_once": at_most_once, "kinds": kinds}
         again: list[ClaimedAction] = []
         for row in await self._rows(TAKE_BACK_EXPIRED_LEASES, params) if free > 0 else []:
             if row.state == "EXECUTING":
                 again.append(claimed_action(row, fresh=False))
             else:
-                ended.append((row.id, row.kind, row.state, row.stop_reason, row.notice))
+                ended.append(EndedAction(row.id, row.kind, row.state, row.stop_reason, row.trace or {}))
         return Sweep(ended, again)
 
     async def leave(self, executor_id: str) -> None:
@@ -167,6 +170,7 @@ def _write_row(write: Write) -> list[Any]:
             pickup,
             _json_bound(bucket(pickup)) if pickup is not None else None,
         ]
+    row.append(write.trace)
     return row
 
 
@@ -192,4 +196,5 @@ def claimed_action(row: Any, *, fresh: bool) -> ClaimedAction:
         due_at=row.due_at,
         lease_seconds=row.lease_seconds,
         pickup_seconds=max(0.0, row.pickup_seconds) if fresh else None,
+        trace=row.trace,
     )

@@ -194,13 +194,6 @@ ADMIT_PROPOSAL = decide_pending("ADMITTED", None, ("PROPOSED",))
 REFUSE_PROPOSAL = decide_pending("CANCELLED", "PROPOSAL_REFUSED", ("PROPOSED",))
 CANCEL_UNSTARTED = decide_pending("CANCELLED", "OPERATOR_CANCELLED", ("PROPOSED", "ADMITTED"))
 
-# What finds an action at its provider once its payload is gone, set by its adapter before its fence under
-# the claim's epoch (migration 0006); a newer claim or an erasure leaves it unset, and the fence then refuses.
-NOTE_TRACE = text("""
-UPDATE agent_action SET trace = CAST(:trace AS jsonb)
- WHERE id = :id AND epoch = :epoch AND state = 'EXECUTING'
-""")
-
 # ---- retention and erasure ---------------------------------------------------------------------------
 
 # One batch of the purge: the oldest ended actions from :after up to :cutoff, walked on the partial index

@@ -28,7 +28,7 @@ CLAIMED_COLUMNS = (
     " a.max_attempts,"
     " a.epoch, a.write_started_at, a.due_at,"
     " extract(epoch FROM a.lease_expires_at - now())::float8 AS lease_seconds,"
-    " extract(epoch FROM now() - a.due_at)::float8 AS pickup_seconds"
+    " extract(epoch FROM now() - a.due_at)::float8 AS pickup_seconds, a.trace"
 )
 
 # Due lane heads, many per round trip. The lane rows are locked with SKIP LOCKED, so two replicas never
@@ -92,7 +92,7 @@ UPDATE agent_action AS a
                                THEN now() + make_interval(secs => :lease_seconds) END
   FROM stale AS s
  WHERE a.id = s.id AND (s.next_state = 'EXECUTING' OR s.lane_key IN (SELECT lane_key FROM lanes))
-RETURNING {CLAIMED_COLUMNS}, a.state, a.stop_reason, a.trace ->> 'notice' AS notice
+RETURNING {CLAIMED_COLUMNS}, a.state, a.stop_reason
 """)
 
 # Actions that expired before they started end CANCELLED / EXPIRED.
@@ -109,7 +109,7 @@ WITH expired AS MATERIALIZED (
 UPDATE agent_action AS a SET state = 'CANCELLED', stop_reason = 'EXPIRED'
   FROM expired AS e
  WHERE a.id = e.id AND e.lane_key IN (SELECT lane_key FROM lanes)
-RETURNING a.id, a.kind
+RETURNING a.id, a.kind, a.trace
 """)
 
 # The group commit: fences ('fence'), results ('finish') and results that write nothing ('none', tallied
@@ -118,6 +118,8 @@ RETURNING a.id, a.kind
 #   finish: the result's values. `fence`: keep, clear, or restore the value the attempt found at its claim
 #           (a deferral writes nothing, so an earlier write stays known). `last_error`: the result's reason;
 #           a result without one keeps the earlier reason, DONE clears it.
+#   both:   `trace`, the attempt's whole trace (what its claim found and what it noted) when it noted
+#           something; null keeps the stored one.
 # Each write comes back with its outcome: written; held (its row, or for a result its lane's row, is locked
 # by another transaction: try again); gone (erased); stale (another claim took it; with the row's epoch and
 # state); short (a fence with less than the window left); none (nothing to write). The tallies count every
@@ -130,7 +132,7 @@ _WRITES = """(
            e->>5 AS readback_ref, (e->>6)::float8 AS delay, (e->>7)::int AS uncount, e->>8 AS fence,
            (e->>9)::timestamptz AS prior_write, e->>10 AS last_error, e->>11 AS kind, e->>12 AS result,
            (e->>13)::float8 AS attempt_seconds, (e->>14)::float8 AS attempt_le, (e->>15)::float8 AS pickup_seconds,
-           (e->>16)::float8 AS pickup_le
+           (e->>16)::float8 AS pickup_le, CASE WHEN jsonb_typeof(e->17) = 'object' THEN e->17 END AS trace
       FROM jsonb_array_elements(CAST(:writes AS jsonb)) AS e
     ) AS {alias}"""
 
@@ -156,8 +158,9 @@ WITH w AS MATERIALIZED (
      ORDER BY lane_key
      FOR UPDATE SKIP LOCKED
 ), fenced AS (
-    UPDATE agent_action AS a SET write_started_at = now()
-     WHERE a.id = ANY (ARRAY(SELECT id FROM current WHERE op = 'fence' AND has_window))
+    UPDATE agent_action AS a SET write_started_at = now(), trace = coalesce(w.trace, a.trace)
+      FROM w
+     WHERE a.id = w.id AND w.id = ANY (ARRAY(SELECT id FROM current WHERE op = 'fence' AND has_window))
     RETURNING a.id
 ), finished AS (
     UPDATE agent_action AS a
@@ -168,7 +171,8 @@ WITH w AS MATERIALIZED (
            due_at = CASE WHEN f.state = 'ADMITTED' THEN now() + make_interval(secs => f.delay) ELSE a.due_at END,
            attempt = a.attempt - f.uncount,
            write_started_at = CASE f.fence WHEN 'clear' THEN NULL WHEN 'restore' THEN f.prior_write
-                                           ELSE a.write_started_at END
+                                           ELSE a.write_started_at END,
+           trace = coalesce(f.trace, a.trace)
       FROM {_WRITES.format(alias="f")}
      WHERE a.id = f.id
        AND f.id = ANY (ARRAY(SELECT id FROM current
