@@ -1,9 +1,15 @@
-"""An email is traced from outbox alone: after it ends, its action keeps the notice, the Message-ID the relay
-received and what went wrong last (stage and reply code, never an address), and the reader role reads them."""
+"""An action is traced from outbox alone. Any adapter notes a trace on its attempt (`attempt.note`): outbox
+writes it with the fence (durable before the provider call) or the result, keeps it after the action ends, and
+shows it in the UNCERTAIN warning line and to the executor's listeners, for every kind. An email's trace is
+its notice and the Message-ID the relay received; beside it, what went wrong last (stage and reply code,
+never an address). The reader role reads both."""
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 from sqlalchemy import Engine, text
@@ -12,10 +18,17 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from demo.sink import Faults, SmtpSink
 from outbox import ops
 from outbox.action import Action
+from outbox.executor import ActionAttempt, Done, Executor, Failed, Result, Retry, Uncertain
+from outbox.executor.attempt import TRACE_LIMIT, trace_text
 from outbox.executor.executor import LAST_ERROR_LIMIT, error_text
-from tests import test_email, test_reader_role
+from outbox.executor.outcomes import EndedAction
+from tests import kinds, test_email, test_reader_role
+from tests.adapters import ScriptedAdapter
 from tests.conftest import CliResult
 from tests.test_email import ALICE, BOB, attempt_once, enqueue, settings
+from tests.test_executor_holders import expire_lease
+from tests.test_executor_results import enqueue as enqueue_test_kind
+from tests.test_executor_results import row
 
 # the fixtures of the email and reader tests: the example application, the relay and the reader login
 app, reader = test_email.app, test_reader_role.reader
@@ -136,3 +149,140 @@ def test_show_escapes_control_characters_of_last_error_and_trace(engine: Engine,
         ).scalar_one()
     table = cli("show", str(action_id)).out
     assert "\x1b" not in table and "red" in table
+
+
+# ---- the trace of any kind ---------------------------------------------------------------------------
+
+
+async def run_with(
+    aengine: AsyncEngine, behaviour: Callable[[ActionAttempt], Any], kind: Any = kinds.NOOP
+) -> list[EndedAction]:
+    """One executor run until idle with `behaviour` as the kind's adapter; the actions it ended."""
+    executor = Executor(aengine, [ScriptedAdapter(kind, behaviour)], listen=False)
+    ended: list[EndedAction] = []
+    executor.outcomes.listeners.append(ended.append)
+    await executor.run(until_idle=True)
+    return ended
+
+
+async def test_a_trace_noted_before_the_fence_is_durable_before_the_provider_call(
+    engine: Engine, aengine: AsyncEngine
+) -> None:
+    action_id = enqueue_test_kind(engine)
+    during_the_call: list[Any] = []
+
+    async def behaviour(attempt: ActionAttempt) -> Result:
+        attempt.note(ref="order-7", tries=1, sandbox=False)
+        (await attempt.fence().begin_write()).check()
+        during_the_call.append(row(engine, action_id)["trace"])  # the provider call would run here
+        return Done("ok")
+
+    [ended] = await run_with(aengine, behaviour)
+    trace = {"ref": "order-7", "tries": 1, "sandbox": False}
+    assert during_the_call == [trace]
+    assert (row(engine, action_id)["trace"], row(engine, action_id)["payload"]) == (trace, None)
+    assert (ended.id, ended.state, ended.reason, dict(ended.trace)) == (action_id, "DONE", "CONFIRMED", trace)
+
+
+async def test_a_trace_is_written_with_a_result_that_never_fenced(engine: Engine, aengine: AsyncEngine) -> None:
+    action_id = enqueue_test_kind(engine)
+
+    async def behaviour(attempt: ActionAttempt) -> Result:
+        attempt.note(ref="refused-before-sending")
+        return Failed("prepare: refused")
+
+    [ended] = await run_with(aengine, behaviour)
+    assert row(engine, action_id)["trace"] == {"ref": "refused-before-sending"}
+    assert (ended.state, dict(ended.trace)) == ("FAILED", {"ref": "refused-before-sending"})
+
+
+async def test_each_attempt_adds_to_the_trace_and_one_that_notes_nothing_keeps_it(
+    engine: Engine, aengine: AsyncEngine
+) -> None:
+    action_id = enqueue_test_kind(engine, max_attempts=3)
+    seen: list[dict[str, Any]] = []
+
+    async def behaviour(attempt: ActionAttempt) -> Result:
+        seen.append(dict(attempt.trace))  # what the claim found
+        if attempt.action.attempt == 1:
+            attempt.note(ref="first", stage="connect")
+            return Retry("connect: refused", after=0)
+        if attempt.action.attempt == 2:
+            attempt.note(stage="data")
+            return Retry("data: 451", after=0)
+        return Failed("data: 554")
+
+    [ended] = await run_with(aengine, behaviour)
+    final = {"ref": "first", "stage": "data"}
+    assert seen == [{}, {"ref": "first", "stage": "connect"}, final]
+    assert (row(engine, action_id)["trace"], dict(ended.trace)) == (final, final)
+
+
+async def test_the_uncertain_warning_line_shows_the_trace_of_any_kind(
+    engine: Engine, aengine: AsyncEngine, caplog: pytest.LogCaptureFixture
+) -> None:
+    action_id = enqueue_test_kind(engine)
+
+    async def behaviour(attempt: ActionAttempt) -> Result:
+        attempt.note(ref="abc-1", count=2)
+        (await attempt.fence().begin_write()).check()
+        return Uncertain("the provider did not answer")
+
+    with caplog.at_level(logging.WARNING, "outbox.executor"):
+        await run_with(aengine, behaviour)
+    [line] = [r.getMessage() for r in caplog.records if "ended UNCERTAIN" in r.getMessage()]
+    assert (
+        line
+        == f'action {action_id} of kind {kinds.NOOP.name} ended UNCERTAIN: PROVIDER_UNCERTAIN (ref="abc-1" count=2)'
+    )
+
+
+async def test_an_action_the_sweep_ends_shows_the_trace_its_row_keeps(engine: Engine, aengine: AsyncEngine) -> None:
+    action_id = enqueue_test_kind(engine, kind=kinds.ONCE)
+    in_provider, release = asyncio.Event(), asyncio.Event()
+
+    async def holder(attempt: ActionAttempt) -> Result:
+        attempt.note(ref="sent-once")
+        (await attempt.fence().begin_write()).check()
+        in_provider.set()
+        await release.wait()
+        return Done("late")
+
+    first = asyncio.create_task(run_with(aengine, holder, kinds.ONCE))
+    await asyncio.wait_for(in_provider.wait(), 10)
+    expire_lease(engine, action_id)  # the holder is paused past its lease: the next sweep ends the action
+    swept = await run_with(aengine, holder, kinds.ONCE)
+    release.set()
+    assert await asyncio.wait_for(first, 10) == []  # the late result is not recorded
+    assert [(e.id, e.state, e.reason, dict(e.trace)) for e in swept] == [
+        (action_id, "UNCERTAIN", "LEASE_LOST_AFTER_WRITE", {"ref": "sent-once"})
+    ]
+
+
+async def test_note_refuses_what_the_trace_cannot_hold_and_adds_nothing(engine: Engine, aengine: AsyncEngine) -> None:
+    action_id = enqueue_test_kind(engine)
+    refusals: list[str] = []
+    # at the database's bound exactly, non-ASCII and escaped characters included
+    base = {"ref": "é\n"}
+    longest = "x" * (TRACE_LIMIT - len(trace_text({**base, "more": ""})))
+
+    async def behaviour(attempt: ActionAttempt) -> Result:
+        attempt.note(**base)
+        bad: list[dict[str, Any]] = [{"Ref": "x"}, {"ratio": 0.5}, {"nested": {"a": 1}}, {"nul": "a\x00b"}]
+        bad.append({"more": longest + "x"})
+        for fields in bad:
+            with pytest.raises((ValueError, TypeError)) as refused:
+                attempt.note(**fields)
+            refusals.append(str(refused.value))
+        attempt.note(more=longest)
+        return Done("ok")
+
+    [ended] = await run_with(aengine, behaviour)
+    assert row(engine, action_id)["trace"] == {**base, "more": longest} == dict(ended.trace)
+    assert [r.split(":")[0] for r in refusals[:4]] == [
+        "trace field 'Ref'",
+        "trace field ratio",
+        "trace field nested",
+        "trace field nul",
+    ]
+    assert str(TRACE_LIMIT) in refusals[4]
