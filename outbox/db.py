@@ -12,20 +12,21 @@ A URL is shown only as `shown_url` renders it: its password as ***.
 from __future__ import annotations
 
 import math
-import re
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import URL, Engine, create_engine
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError
 
+from outbox.defaults import SETTINGS
 from outbox.errors import OutboxError
+from outbox.masking import hide, hide_credentials
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
 
 # seconds an engine waits for a connection; libpq waits at least 2 s
-CONNECT_TIMEOUT_SECONDS = 10.0
+CONNECT_TIMEOUT_SECONDS = float(SETTINGS.connect_timeout_seconds)
 _MIN_CONNECT_TIMEOUT = 2
 
 
@@ -36,9 +37,7 @@ class InvalidDatabaseUrl(OutboxError, ValueError):
 
 def shown_url(url: URL) -> str:
     """`url` as it may be printed or logged: the password (in its place or as a parameter) as ***."""
-    if "password" in url.query:
-        url = url.update_query_dict({"password": "***"})
-    return url.render_as_string(hide_password=True).replace("password=%2A%2A%2A", "password=***")
+    return hide_credentials(url.render_as_string(hide_password=False))
 
 
 def _parse(url: str) -> URL:
@@ -112,21 +111,12 @@ def libpq_url(engine: AsyncEngine | Engine) -> str:
     return engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
 
 
-# user:password@ in a URL, or password=... in a connection string, should a driver ever put one in its message
-_CREDENTIALS = re.compile(r"(://)[^/@\s]*@|(password\s*=\s*)\S+", re.IGNORECASE)
-
-
 def fault_text(error: BaseException, password: object = None) -> str:
     """The class and the first line of the driver's message, for a log line: never the statement, its
     parameters (they may hold a recipient) or a password (`password`, the engine's own, wherever it stands)."""
     cause = error.orig if isinstance(error, DBAPIError) and error.orig is not None else error
     lines = str(cause).strip().splitlines()
-    message = _CREDENTIALS.sub(_redact, lines[0].strip()) if lines else ""
-    if password:
-        message = message.replace(str(password), "***")
+    # user:password@ or password=..., should a driver ever put one in its message
+    message = hide(hide_credentials(lines[0].strip()), [str(password)] if password else []) if lines else ""
     message = message[:200]
     return f"{type(cause).__name__}: {message}" if message else type(cause).__name__
-
-
-def _redact(match: re.Match[str]) -> str:
-    return "://***@" if match.group(1) else f"{match.group(2)}***"

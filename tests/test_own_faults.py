@@ -349,8 +349,21 @@ def test_a_fault_line_names_the_driver_error_without_the_statement_or_a_password
         OperationalError, psycopg.OperationalError("connection to postgresql://outbox:hunter2@db/app failed\nmore")
     )
     line = fault_text(error)
-    assert line == "OperationalError: connection to postgresql://***@db/app failed"
+    assert line == "OperationalError: connection to postgresql://outbox:***@db/app failed"
     assert "hunter2" not in line and "SELECT" not in line
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        "connection to postgresql://outbox:hun@ter2@db/app failed",  # an @ left as it is
+        "connection to postgresql://outbox@db/app?sslmode=require&password=hunter2 failed",
+        "invalid connection option in host=db password=hunter2 user=outbox",
+    ],
+)
+def test_a_fault_line_hides_a_password_wherever_the_driver_put_it(message: str) -> None:
+    line = fault_text(psycopg.OperationalError(message))
+    assert "hunter2" not in line and "ter2" not in line and "***" in line, line
 
 
 def test_the_own_fault_wait_doubles_from_one_second_to_a_minute() -> None:

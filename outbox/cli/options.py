@@ -5,9 +5,11 @@ command signatures alone, and each command loads the database layer, Alembic or 
 body, when it runs. Values are checked here, while the command line is read, so a bad value is one line
 (exit 2) before anything connects.
 
-The two timeouts are read here, from `--connect-timeout`/`OUTBOX_CONNECT_TIMEOUT_SECONDS` and
-`--statement-timeout`/`OUTBOX_STATEMENT_TIMEOUT_SECONDS`, never through `outbox.settings` (which loads
-pydantic): `outbox status` stays light.
+The database URL and the two timeouts are read here, from `--database-url`/`OUTBOX_DATABASE_URL`,
+`--connect-timeout`/`OUTBOX_CONNECT_TIMEOUT_SECONDS` and
+`--statement-timeout`/`OUTBOX_STATEMENT_TIMEOUT_SECONDS`, with the defaults and variable names of
+`outbox.defaults` (which the library's `outbox.settings` has too), never through `outbox.settings` itself
+(it loads pydantic): `outbox status` stays light.
 
 What reaches the terminal is here too, for every command and for `main`'s one error line alike:
 `printable` escapes the control characters of a value, and `hide_passwords` replaces the password of the
@@ -21,11 +23,12 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from urllib.parse import unquote
 
 import typer
 
+from outbox.defaults import SETTINGS, setting_variable
 from outbox.errors import OutboxError
+from outbox.masking import hide, passwords_in
 
 # PostgreSQL bigint: ids, account ids, counts
 MAX_BIGINT = 2**63 - 1
@@ -33,9 +36,7 @@ MAX_BIGINT = 2**63 - 1
 MAX_DAYS = 36_500
 MAX_SECONDS = MAX_DAYS * 86_400
 # libpq waits at least 2 s (it reads 1 as 2); an hour is more than any connection needs
-CONNECT_TIMEOUT_SECONDS = 10
 MIN_CONNECT_TIMEOUT, MAX_CONNECT_TIMEOUT = 2, 3_600
-STATEMENT_TIMEOUT_SECONDS = 30.0
 MAX_STATEMENT_TIMEOUT = 86_400.0
 
 
@@ -47,25 +48,25 @@ def finite(value: float | None) -> float | None:
 
 
 DATABASE_URL_OPTION = typer.Option(
-    None,
+    SETTINGS.database_url,
     "--database-url",
-    envvar="OUTBOX_DATABASE_URL",
+    envvar=setting_variable("database_url"),
     show_envvar=True,
     help="URL of the outbox database (postgresql://user:password@host/db).",
 )
 CONNECT_TIMEOUT_OPTION = typer.Option(
-    CONNECT_TIMEOUT_SECONDS,
+    SETTINGS.connect_timeout_seconds,
     "--connect-timeout",
-    envvar="OUTBOX_CONNECT_TIMEOUT_SECONDS",
+    envvar=setting_variable("connect_timeout_seconds"),
     show_envvar=True,
     min=MIN_CONNECT_TIMEOUT,
     max=MAX_CONNECT_TIMEOUT,
     help="Give up connecting to the database after this many seconds.",
 )
 STATEMENT_TIMEOUT_OPTION = typer.Option(
-    STATEMENT_TIMEOUT_SECONDS,
+    SETTINGS.statement_timeout_seconds,
     "--statement-timeout",
-    envvar="OUTBOX_STATEMENT_TIMEOUT_SECONDS",
+    envvar=setting_variable("statement_timeout_seconds"),
     show_envvar=True,
     min=0,
     max=MAX_STATEMENT_TIMEOUT,
@@ -160,29 +161,11 @@ def printable(value: object) -> str:
 # ---- passwords never printed -------------------------------------------------------------------------
 
 _secrets: set[str] = set()
-# shorter passwords are not looked for in what is printed (replacing them would garble every line)
-MIN_SECRET_LENGTH = 4
-
-
-def passwords_in(url: str) -> set[str]:
-    """Every string that may be the password of `url`, as written and decoded, however it parses."""
-    rest = url.partition("://")[2] or url
-    found: set[str] = set()
-    for end in (rest.find("@"), rest.rfind("@")):
-        if end > 0:
-            found.add(rest[:end].partition(":")[2])
-    _, _, query = rest.partition("?")
-    for pair in query.split("&"):
-        name, _, value = pair.partition("=")
-        if unquote(name).strip().lower() == "password":
-            found.add(value)
-    found |= {unquote(secret) for secret in found} | {unquote(secret.replace("+", " ")) for secret in found}
-    return {secret for secret in found if len(secret) >= MIN_SECRET_LENGTH}
 
 
 def remember_passwords(argv: Sequence[str], environ: Mapping[str, str]) -> None:
     """Note the passwords of the database URLs on the command line and in the environment."""
-    urls: list[str] = [environ.get("OUTBOX_DATABASE_URL", "")]
+    urls: list[str] = [environ.get(setting_variable("database_url"), "")]
     for index, arg in enumerate(argv):
         if arg == "--database-url" and index + 1 < len(argv):
             urls.append(argv[index + 1])
@@ -195,6 +178,4 @@ def remember_passwords(argv: Sequence[str], environ: Mapping[str, str]) -> None:
 
 def hide_passwords(text: str) -> str:
     """`text` with every remembered password replaced by ***."""
-    for secret in sorted(_secrets, key=len, reverse=True):
-        text = text.replace(secret, "***")
-    return text
+    return hide(text, _secrets)
