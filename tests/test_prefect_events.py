@@ -2,10 +2,10 @@
 
 A `prefect server start` subprocess serves this module (its own PREFECT_HOME, stopped by its PID at the
 end); the drain runs in this process against it, on a real PostgreSQL and a real SMTP sink. Each action that
-ends UNCERTAIN, and each email that ends FAILED, is one event the server keeps, naming the action, its kind,
-state, reason and notice and never the recipient. The automation, created with `prefect automation create`
-once its block ID is filled in, sends one notification per such event through a custom webhook block to a
-local HTTP receiver.
+ends UNCERTAIN or FAILED is one event the server keeps, naming the action, its kind, state, reason and the
+trace its adapter noted (an email's notice and Message-ID), and never the recipient. The automation,
+created with `prefect automation create` once its block ID is filled in, sends one notification per such
+event through a custom webhook block to a local HTTP receiver.
 """
 
 from __future__ import annotations
@@ -85,15 +85,19 @@ def ended(engine: Engine, state: str) -> list[int]:
         return list(rows.scalars())
 
 
-def resource(action_id: int, state: str, reason: str) -> dict[str, str]:
-    """The resource of an email's event, as the drain emits it."""
+def resource(engine: Engine, action_id: int, state: str, reason: str) -> dict[str, str]:
+    """The resource of an email's event, as the drain emits it: its trace is the one the action keeps."""
+    with engine.connect() as conn:
+        trace = conn.execute(text("SELECT trace FROM agent_action WHERE id = :id"), {"id": action_id}).scalar_one()
+    assert set(trace) == {"notice", "message_id"}, trace
     return {
         "prefect.resource.id": f"outbox.action.{action_id}",
         "prefect.resource.name": f"EMAIL action {action_id}",
         "outbox.kind": "EMAIL",
         "outbox.state": state,
         "outbox.reason": reason,
-        "outbox.notice": "workspace_alert",
+        "outbox.trace.notice": "workspace_alert",
+        "outbox.trace.message_id": trace["message_id"],
     }
 
 
@@ -131,7 +135,7 @@ async def test_each_uncertain_action_is_one_event_naming_it_and_never_its_recipi
     assert set(by_resource) == {f"outbox.action.{i}" for i in uncertain}, "one event per UNCERTAIN action"
     for action_id in uncertain:
         event = by_resource[f"outbox.action.{action_id}"]
-        assert event["resource"] == resource(action_id, "UNCERTAIN", "PROVIDER_UNCERTAIN")
+        assert event["resource"] == resource(engine, action_id, "UNCERTAIN", "PROVIDER_UNCERTAIN")
         assert f"prefect.flow-run.{flow_run_id}" in {r["prefect.resource.id"] for r in event["related"]}
         assert RECIPIENT not in json.dumps(event) and "Alice" not in json.dumps(event)
         assert not event["payload"]
@@ -152,7 +156,7 @@ async def test_an_email_the_relay_refuses_ends_failed_and_is_one_event(
     for event in events:
         action_id = int(event["resource"]["prefect.resource.id"].rpartition(".")[2])
         assert event["event"] == "outbox.action.failed"
-        assert event["resource"] == resource(action_id, "FAILED", "PROVIDER_REFUSED")
+        assert event["resource"] == resource(engine, action_id, "FAILED", "PROVIDER_REFUSED")
         assert RECIPIENT not in json.dumps(event)
 
 
@@ -210,7 +214,7 @@ async def test_the_automation_notifies_once_per_event_through_a_webhook_block(
             action_id = subjects[notification["subject"]]
             body = notification["body"]
             assert f"action: {action_id}\n" in body and f"`outbox show {action_id}`" in body
-            assert "kind: EMAIL\n" in body and "notice: workspace_alert\n" in body
+            assert "kind: EMAIL\n" in body and "notice: workspace_alert\n" in body and "message_id: <outbox." in body
             assert f"reason: {expected[action_id][1]}\n" in body
             assert RECIPIENT not in json.dumps(notification) and "http" not in body
     finally:
