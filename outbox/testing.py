@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from sqlalchemy import Connection, text
+from sqlalchemy import Connection
 
 from outbox import migrate
 from outbox.kinds import ActionKind
@@ -25,7 +25,6 @@ if TYPE_CHECKING:  # the executor loads with `drain`, not with `declared_kinds` 
 
     from outbox.executor import ActionAdapter, ExecutorConfig
     from outbox.executor.outcomes import Outcomes
-
 
 
 @dataclass(frozen=True)

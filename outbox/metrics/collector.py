@@ -42,7 +42,7 @@ from prometheus_client.core import (
     Metric,
 )
 from prometheus_client.registry import Collector
-from sqlalchemy import Connection, Engine, event, text
+from sqlalchemy import Connection, Engine, event
 from sqlalchemy.exc import DBAPIError
 
 from outbox.db import fault_text

@@ -205,5 +205,6 @@ WITH w AS MATERIALIZED (
 SELECT id, outcome, found_epoch, found_state FROM decided
 """)
 
-# `outbox.testing.drain`, before each round: every waiting action due now: a drain cuts retries' backoff and deferrals short
+# `outbox.testing.drain`, before each round: every waiting action due now (a drain cuts retries' backoff and
+# deferrals short)
 MAKE_WAITING_DUE = text("UPDATE agent_action SET due_at = now() WHERE state = 'ADMITTED' AND due_at > now()")
