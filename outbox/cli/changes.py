@@ -12,14 +12,11 @@ from typing import Literal
 import typer
 
 from outbox.cli.options import (
-    CONNECT_TIMEOUT_OPTION,
-    DATABASE_URL_OPTION,
     ID_ARGUMENT,
     JSON_OPTION,
     MAX_BIGINT,
-    STATEMENT_TIMEOUT_OPTION,
     Database,
-    database,
+    database_options,
     duration,
     parse_duration,
     printable,
@@ -44,52 +41,47 @@ def _decide(decision: Literal["admit", "refuse", "cancel"], action_id: int, json
         out.print(f"action {action.id} is {printable(action.state)}{reason}")
 
 
+@database_options()
 def admit(
     action_id: int = ID_ARGUMENT,
     json_output: bool = JSON_OPTION,
-    database_url: str | None = DATABASE_URL_OPTION,
-    connect_timeout: int = CONNECT_TIMEOUT_OPTION,
-    statement_timeout: float = STATEMENT_TIMEOUT_OPTION,
+    *,
+    db: Database,
 ) -> None:
     """Admit a PROPOSED action: it waits its turn in its lane."""
-    db = database(database_url, connect_timeout, statement_timeout)
     _decide("admit", action_id, json_output, db)
 
 
+@database_options()
 def refuse(
     action_id: int = ID_ARGUMENT,
     json_output: bool = JSON_OPTION,
-    database_url: str | None = DATABASE_URL_OPTION,
-    connect_timeout: int = CONNECT_TIMEOUT_OPTION,
-    statement_timeout: float = STATEMENT_TIMEOUT_OPTION,
+    *,
+    db: Database,
 ) -> None:
     """Refuse a PROPOSED action: it ends CANCELLED (PROPOSAL_REFUSED)."""
-    db = database(database_url, connect_timeout, statement_timeout)
     _decide("refuse", action_id, json_output, db)
 
 
+@database_options()
 def cancel(
     action_id: int = ID_ARGUMENT,
     json_output: bool = JSON_OPTION,
-    database_url: str | None = DATABASE_URL_OPTION,
-    connect_timeout: int = CONNECT_TIMEOUT_OPTION,
-    statement_timeout: float = STATEMENT_TIMEOUT_OPTION,
+    *,
+    db: Database,
 ) -> None:
     """Cancel an action that has not started (PROPOSED or ADMITTED): it ends CANCELLED (OPERATOR_CANCELLED)."""
-    db = database(database_url, connect_timeout, statement_timeout)
     _decide("cancel", action_id, json_output, db)
 
 
+@database_options()
 def erase_account(
     account_id: int = typer.Argument(..., metavar="ACCOUNT_ID", min=1, max=MAX_BIGINT, help="The erased account's id."),
     json_output: bool = JSON_OPTION,
-    database_url: str | None = DATABASE_URL_OPTION,
-    connect_timeout: int = CONNECT_TIMEOUT_OPTION,
-    statement_timeout: float = STATEMENT_TIMEOUT_OPTION,
+    *,
+    db: Database,
 ) -> None:
     """Delete every action whose subject is the account, in every state; a write past its fence still happens."""
-    db = database(database_url, connect_timeout, statement_timeout)
-
     import outbox
     from outbox.cli.common import connect, out, print_json
 
@@ -101,6 +93,7 @@ def erase_account(
         out.print(f"erased {erased:,} actions of account {account_id}")
 
 
+@database_options()
 def purge(
     older_than: str = typer.Option(
         "30d",
@@ -112,13 +105,10 @@ def purge(
     ),
     dry_run: bool = typer.Option(False, "--dry-run", help="Count what would go; delete nothing."),
     json_output: bool = JSON_OPTION,
-    database_url: str | None = DATABASE_URL_OPTION,
-    connect_timeout: int = CONNECT_TIMEOUT_OPTION,
-    statement_timeout: float = STATEMENT_TIMEOUT_OPTION,
+    *,
+    db: Database,
 ) -> None:
     """Delete ended actions older than the retention window, in short batches (safe on several replicas)."""
-    db = database(database_url, connect_timeout, statement_timeout)
-
     from outbox import retention
     from outbox.cli.common import connect, migrated_engine, out, print_json
 

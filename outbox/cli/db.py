@@ -14,12 +14,10 @@ import re
 import typer
 
 from outbox.cli.options import (
-    CONNECT_TIMEOUT_OPTION,
-    DATABASE_URL_OPTION,
     MIGRATION_STATEMENT_TIMEOUT_OPTION,
-    STATEMENT_TIMEOUT_OPTION,
     Database,
-    database,
+    NoDatabase,
+    database_options,
     printable,
 )
 
@@ -44,12 +42,12 @@ def _revision(value: str, *, span: bool = False) -> str:
 
 
 @app.command()
+@database_options(statement_timeout=MIGRATION_STATEMENT_TIMEOUT_OPTION, optional=True)
 def upgrade(
     revision: str = typer.Argument("head", help="Target revision; with --sql also FROM:TO."),
     sql: bool = typer.Option(False, "--sql", help="Print the SQL for a DBA to apply; connect to no database."),
-    database_url: str | None = DATABASE_URL_OPTION,
-    connect_timeout: int = CONNECT_TIMEOUT_OPTION,
-    statement_timeout: float = MIGRATION_STATEMENT_TIMEOUT_OPTION,
+    *,
+    db: Database | None,
 ) -> None:
     """Create or update the outbox tables, constraints and triggers (one transaction)."""
     if sql:
@@ -57,7 +55,8 @@ def upgrade(
 
         typer.echo(migrate.upgrade_sql(_revision(revision, span=True)), nl=False)
         return
-    db = database(database_url, connect_timeout, statement_timeout)
+    if db is None:
+        raise NoDatabase()
     revision = _revision(revision)
     from outbox import migrate
     from outbox.cli.common import engine
@@ -73,16 +72,14 @@ def upgrade(
 
 
 @app.command()
+@database_options(statement_timeout=MIGRATION_STATEMENT_TIMEOUT_OPTION)
 def downgrade(
     revision: str = typer.Argument("base", help="Target revision; base removes everything outbox created."),
     force: bool = typer.Option(False, "--force", help="Go ahead although actions have not ended."),
-    database_url: str | None = DATABASE_URL_OPTION,
-    connect_timeout: int = CONNECT_TIMEOUT_OPTION,
-    statement_timeout: float = MIGRATION_STATEMENT_TIMEOUT_OPTION,
+    *,
+    db: Database,
 ) -> None:
     """Remove the outbox schema (down to `revision`); refused while actions have not ended."""
-    db = database(database_url, connect_timeout, statement_timeout)
-
     from outbox import migrate
     from outbox.cli.common import engine
 
@@ -111,14 +108,12 @@ def _revisions(db: Database) -> tuple[str | None, str]:
 
 
 @app.command()
+@database_options()
 def current(
-    database_url: str | None = DATABASE_URL_OPTION,
-    connect_timeout: int = CONNECT_TIMEOUT_OPTION,
-    statement_timeout: float = STATEMENT_TIMEOUT_OPTION,
+    *,
+    db: Database,
 ) -> None:
     """Print the database's outbox revision and whether it is the newest."""
-    db = database(database_url, connect_timeout, statement_timeout)
-
     now, head = _revisions(db)
     if now is None:
         typer.echo(f"none (never migrated; the newest is {head})")
@@ -128,14 +123,12 @@ def current(
 
 
 @app.command()
+@database_options()
 def check(
-    database_url: str | None = DATABASE_URL_OPTION,
-    connect_timeout: int = CONNECT_TIMEOUT_OPTION,
-    statement_timeout: float = STATEMENT_TIMEOUT_OPTION,
+    *,
+    db: Database,
 ) -> None:
     """Exit 0 when the schema is the newest, 1 while it is behind (run `outbox db upgrade`)."""
-    db = database(database_url, connect_timeout, statement_timeout)
-
     now, head = _revisions(db)
     if now != head:
         _stderr(f"outbox schema at {printable(now or 'none')}, the newest is {head}: run `outbox db upgrade`")

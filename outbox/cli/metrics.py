@@ -5,10 +5,8 @@ from __future__ import annotations
 import typer
 
 from outbox.cli.options import (
-    CONNECT_TIMEOUT_OPTION,
-    DATABASE_URL_OPTION,
-    STATEMENT_TIMEOUT_OPTION,
-    database,
+    Database,
+    database_options,
     finite,
     printable,
 )
@@ -17,19 +15,17 @@ app = typer.Typer(no_args_is_help=True, help="Serve outbox metrics to Prometheus
 
 
 @app.command()
+@database_options()
 def serve(
     host: str = typer.Option("127.0.0.1", help="Address to listen on."),
     port: int = typer.Option(9464, min=1, max=65535, help="Port to listen on."),
     cache_seconds: float = typer.Option(
         5.0, min=0, max=3600, callback=finite, help="Reuse a database snapshot this long between scrapes."
     ),
-    database_url: str | None = DATABASE_URL_OPTION,
-    connect_timeout: int = CONNECT_TIMEOUT_OPTION,
-    statement_timeout: float = STATEMENT_TIMEOUT_OPTION,
+    *,
+    db: Database,
 ) -> None:
     """Serve /metrics, read from the outbox database at scrape time, until SIGTERM."""
-    db = database(database_url, connect_timeout, statement_timeout)
-
     from outbox.cli.common import engine, err, log_to_stderr
     from outbox.metrics import exporter
 

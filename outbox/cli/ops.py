@@ -13,13 +13,11 @@ from typing import TYPE_CHECKING
 import typer
 
 from outbox.cli.options import (
-    CONNECT_TIMEOUT_OPTION,
-    DATABASE_URL_OPTION,
     ID_ARGUMENT,
     JSON_OPTION,
     MAX_BIGINT,
-    STATEMENT_TIMEOUT_OPTION,
-    database,
+    Database,
+    database_options,
     duration,
     parse_duration,
     printable,
@@ -30,15 +28,13 @@ if TYPE_CHECKING:
     from outbox.action import Action
 
 
+@database_options()
 def status(
     json_output: bool = JSON_OPTION,
-    database_url: str | None = DATABASE_URL_OPTION,
-    connect_timeout: int = CONNECT_TIMEOUT_OPTION,
-    statement_timeout: float = STATEMENT_TIMEOUT_OPTION,
+    *,
+    db: Database,
 ) -> None:
     """Unended actions by state and kind, the oldest due action, lanes, leases, UNCERTAIN in the last 24 h."""
-    db = database(database_url, connect_timeout, statement_timeout)
-
     from rich.table import Table
 
     from outbox import ops
@@ -80,16 +76,14 @@ def status(
     print_table(table)
 
 
+@database_options()
 def lanes(
     top: int = typer.Option(10, min=1, max=MAX_PAGE, help="How many lanes in each list."),
     json_output: bool = JSON_OPTION,
-    database_url: str | None = DATABASE_URL_OPTION,
-    connect_timeout: int = CONNECT_TIMEOUT_OPTION,
-    statement_timeout: float = STATEMENT_TIMEOUT_OPTION,
+    *,
+    db: Database,
 ) -> None:
     """The deepest lanes (most actions not started) and the oldest (whose head came first)."""
-    db = database(database_url, connect_timeout, statement_timeout)
-
     from rich.table import Table
 
     from outbox import ops
@@ -116,17 +110,15 @@ def lanes(
         print_table(table)
 
 
+@database_options()
 def show(
     action_id: int = ID_ARGUMENT,
     json_output: bool = JSON_OPTION,
-    database_url: str | None = DATABASE_URL_OPTION,
-    connect_timeout: int = CONNECT_TIMEOUT_OPTION,
-    statement_timeout: float = STATEMENT_TIMEOUT_OPTION,
+    *,
+    db: Database,
 ) -> None:
     """One action in full: every time, what went wrong last, its trace (an email's notice and Message-ID, kept
     after it ends) and its payload only while it has one (an ended action keeps none)."""
-    db = database(database_url, connect_timeout, statement_timeout)
-
     from rich.table import Table
 
     from outbox import ops
@@ -180,6 +172,7 @@ def _fields(action: Action) -> list[tuple[str, str]]:
     return fields
 
 
+@database_options()
 def list_(
     state: str | None = typer.Option(None, help="Only this state (PROPOSED, ADMITTED, EXECUTING, DONE, ...)."),
     kind: str | None = typer.Option(None, help="Only this kind."),
@@ -191,13 +184,10 @@ def list_(
         None, min=1, max=MAX_BIGINT, help="The next page: the last id of the page before."
     ),
     json_output: bool = JSON_OPTION,
-    database_url: str | None = DATABASE_URL_OPTION,
-    connect_timeout: int = CONNECT_TIMEOUT_OPTION,
-    statement_timeout: float = STATEMENT_TIMEOUT_OPTION,
+    *,
+    db: Database,
 ) -> None:
     """Actions newest first, paged by id."""
-    db = database(database_url, connect_timeout, statement_timeout)
-
     from rich.table import Table
 
     from outbox import ops

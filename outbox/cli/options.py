@@ -18,11 +18,14 @@ database URL the operator gave (as written or decoded, in its place or as a para
 
 from __future__ import annotations
 
+import functools
+import inspect
 import math
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 import typer
 
@@ -111,6 +114,43 @@ class Database:
 
 def database(database_url: str | None, connect_timeout: int, statement_timeout: float) -> Database:
     return Database(required(database_url), connect_timeout, statement_timeout or None)
+
+
+_Command = Callable[..., None]
+
+
+def database_options(
+    *, statement_timeout: Any = STATEMENT_TIMEOUT_OPTION, optional: bool = False
+) -> Callable[[_Command], _Command]:
+    """A decorator that gives a command the database options, declared here once: --database-url,
+    --connect-timeout and `statement_timeout` (--statement-timeout, the migrations' own by their choice),
+    after the command's own options in its --help. The command takes them as one parameter, `db: Database`,
+    built (and the URL required) before its body runs; with `optional`, `db` is None when no URL was given,
+    for a command that may run without a database (`db upgrade --sql`)."""
+    shared = [
+        inspect.Parameter("database_url", inspect.Parameter.KEYWORD_ONLY, default=DATABASE_URL_OPTION),
+        inspect.Parameter("connect_timeout", inspect.Parameter.KEYWORD_ONLY, default=CONNECT_TIMEOUT_OPTION),
+        inspect.Parameter("statement_timeout", inspect.Parameter.KEYWORD_ONLY, default=statement_timeout),
+    ]
+    types = {"database_url": str | None, "connect_timeout": int, "statement_timeout": float}
+
+    def decorate(command: _Command) -> _Command:
+        own = [p for p in inspect.signature(command, eval_str=True).parameters.values() if p.name != "db"]
+
+        @functools.wraps(command)
+        def with_database(
+            *args: Any, database_url: str | None, connect_timeout: int, statement_timeout: float, **kwargs: Any
+        ) -> None:
+            given = not optional or bool(database_url and database_url.strip())
+            db = database(database_url, connect_timeout, statement_timeout) if given else None
+            command(*args, db=db, **kwargs)
+
+        parameters = own + [p.replace(annotation=types[p.name]) for p in shared]
+        with_database.__signature__ = inspect.Signature(parameters, return_annotation=None)  # type: ignore[attr-defined]
+        with_database.__annotations__ = {p.name: p.annotation for p in parameters}
+        return with_database
+
+    return decorate
 
 
 # ---- durations ---------------------------------------------------------------------------------------

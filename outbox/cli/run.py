@@ -7,13 +7,10 @@ from typing import TYPE_CHECKING
 import typer
 
 from outbox.cli.options import (
-    CONNECT_TIMEOUT_OPTION,
-    DATABASE_URL_OPTION,
     MAX_BIGINT,
     MAX_SECONDS,
-    STATEMENT_TIMEOUT_OPTION,
     Database,
-    database,
+    database_options,
     finite,
     printable,
 )
@@ -33,6 +30,7 @@ if TYPE_CHECKING:
     from outbox.executor.outcomes import Outcomes
 
 
+@database_options()
 def run(
     adapters: str = typer.Option(
         "outbox.email:email_adapters",
@@ -60,13 +58,10 @@ def run(
     max_seconds: float | None = typer.Option(
         None, min=0, max=MAX_SECONDS, callback=finite, help="Stop claiming after this many seconds."
     ),
-    database_url: str | None = DATABASE_URL_OPTION,
-    connect_timeout: int = CONNECT_TIMEOUT_OPTION,
-    statement_timeout: float = STATEMENT_TIMEOUT_OPTION,
+    *,
+    db: Database,
 ) -> None:
     """Run one executor until SIGTERM (or a budget), then print what it did."""
-    db = database(database_url, connect_timeout, statement_timeout)
-
     import asyncio
 
     from outbox.cli.common import err, log_to_stderr, migrated_engine
