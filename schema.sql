@@ -1,0 +1,658 @@
+-- outbox's schema at revision 0010, as PostgreSQL 18 dumps it. Generated from the migrations
+-- by `python -m tests.schema_dump`; do not edit: the revisions in migrations/versions/ are the source.
+
+--
+-- PostgreSQL database dump
+--
+
+SET statement_timeout = 0;
+SET lock_timeout = 0;
+SET idle_in_transaction_session_timeout = 0;
+SET transaction_timeout = 0;
+SET client_encoding = 'UTF8';
+SET standard_conforming_strings = on;
+SELECT pg_catalog.set_config('search_path', '', false);
+SET check_function_bodies = false;
+SET xmloption = content;
+SET client_min_messages = warning;
+SET row_security = off;
+
+--
+-- Name: guard_agent_action(); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.guard_agent_action() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    -- the kind's row (agent_action_kind), read once on INSERT
+    may_run_alone boolean;
+    may_run_in_workspace boolean;
+    ended CONSTANT text[] := ARRAY['DONE', 'UNCERTAIN', 'FAILED', 'CANCELLED'];
+    is_claim boolean;
+BEGIN
+    IF TG_OP = 'INSERT' THEN
+        IF NEW.state NOT IN ('PROPOSED', 'ADMITTED') THEN
+            RAISE EXCEPTION 'agent_action: a new action is PROPOSED or ADMITTED, not %', NEW.state
+                USING ERRCODE = 'check_violation';
+        END IF;
+        IF NEW.attempt <> 0 OR NEW.epoch <> 0 OR NEW.lease_expires_at IS NOT NULL
+           OR NEW.write_started_at IS NOT NULL THEN
+            RAISE EXCEPTION 'agent_action: a new action has no attempt, epoch, lease or write'
+                USING ERRCODE = 'check_violation';
+        END IF;
+        -- where the kind may run; a kind without a row finds none here, and fk_agent_action_kind refuses it
+        SELECT k.instance_level, k.workspace_level INTO may_run_alone, may_run_in_workspace
+          FROM agent_action_kind AS k WHERE k.name = NEW.kind;
+        IF NEW.workspace_id IS NULL AND NOT may_run_alone THEN
+            RAISE EXCEPTION 'agent_action: % is not instance level (agent_action_kind.instance_level): it needs a workspace_id',
+                NEW.kind USING ERRCODE = 'check_violation';
+        END IF;
+        IF NEW.workspace_id IS NOT NULL AND NOT may_run_in_workspace THEN
+            RAISE EXCEPTION 'agent_action: % is not workspace level (agent_action_kind.workspace_level): it takes no workspace_id',
+                NEW.kind USING ERRCODE = 'check_violation';
+        END IF;
+        RETURN NEW;
+    END IF;
+
+    IF OLD.state = ANY (ended) THEN
+        RAISE EXCEPTION 'agent_action %: an ended action (%) never changes', OLD.id, OLD.state
+            USING ERRCODE = 'check_violation';
+    END IF;
+    IF NEW.id <> OLD.id OR NEW.kind <> OLD.kind OR NEW.lane_key <> OLD.lane_key
+       OR NEW.idempotency_key <> OLD.idempotency_key THEN
+        RAISE EXCEPTION 'agent_action %: id, kind, lane_key and idempotency_key never change', OLD.id
+            USING ERRCODE = 'check_violation';
+    END IF;
+
+    -- A claim moves an action to EXECUTING, or takes an EXECUTING one again: the epoch rises.
+    is_claim := NEW.state = 'EXECUTING' AND (OLD.state <> 'EXECUTING' OR NEW.epoch <> OLD.epoch);
+
+    IF NEW.state <> OLD.state OR NEW.epoch <> OLD.epoch THEN
+        IF NOT (
+            (OLD.state = 'PROPOSED' AND NEW.state IN ('ADMITTED', 'CANCELLED'))
+            OR (OLD.state = 'ADMITTED' AND NEW.state IN ('EXECUTING', 'CANCELLED'))
+            OR (OLD.state = 'EXECUTING' AND NEW.state IN
+                ('EXECUTING', 'ADMITTED', 'DONE', 'UNCERTAIN', 'FAILED', 'CANCELLED'))
+        ) OR (NEW.epoch <> OLD.epoch AND NOT is_claim) THEN
+            RAISE EXCEPTION 'agent_action %: % -> % is not an allowed transition', OLD.id, OLD.state, NEW.state
+                USING ERRCODE = 'check_violation';
+        END IF;
+    END IF;
+
+    IF is_claim THEN
+        IF NEW.epoch <> OLD.epoch + 1 OR NEW.attempt <> OLD.attempt + 1 THEN
+            RAISE EXCEPTION 'agent_action %: a claim raises epoch and attempt by exactly one', OLD.id
+                USING ERRCODE = 'check_violation';
+        END IF;
+        -- an at-most-once kind is never reclaimed after its write started: nothing can tell whether the
+        -- earlier attempt reached the provider. The kind's row is read here only, after a write started.
+        IF OLD.state = 'EXECUTING' AND OLD.write_started_at IS NOT NULL THEN
+            IF (SELECT k.at_most_once FROM agent_action_kind AS k WHERE k.name = OLD.kind) THEN
+                RAISE EXCEPTION 'agent_action %: % is at most once and its write started; it is never claimed again',
+                    OLD.id, OLD.kind USING ERRCODE = 'check_violation';
+            END IF;
+        END IF;
+        IF NEW.lease_expires_at IS NULL THEN
+            RAISE EXCEPTION 'agent_action %: a claim sets the lease', OLD.id USING ERRCODE = 'check_violation';
+        END IF;
+    END IF;
+
+    IF NOT is_claim AND NEW.attempt <> OLD.attempt
+       AND NOT (OLD.state = 'EXECUTING' AND NEW.state = 'ADMITTED' AND NEW.attempt = OLD.attempt - 1) THEN
+        RAISE EXCEPTION 'agent_action %: attempt rises by exactly one with a claim, and falls by one only when an attempt that does not count goes back',
+            OLD.id USING ERRCODE = 'check_violation';
+    END IF;
+
+    IF NEW.state = ANY (ended) THEN
+        IF NEW.stop_reason IS NULL THEN
+            RAISE EXCEPTION 'agent_action %: ending as % needs a stop_reason', OLD.id, NEW.state
+                USING ERRCODE = 'check_violation';
+        END IF;
+        NEW.ended_at := now();
+        NEW.payload := NULL;
+        NEW.lease_expires_at := NULL;
+    ELSIF NEW.state <> 'EXECUTING' THEN
+        NEW.lease_expires_at := NULL;
+    END IF;
+    RETURN NEW;
+END
+$$;
+
+--
+-- Name: refresh_agent_lanes(text[]); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.refresh_agent_lanes(lanes text[]) RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    locked integer;
+    wake boolean;
+BEGIN
+    LOOP
+        INSERT INTO agent_lane (lane_key) SELECT k FROM unnest(lanes) AS k ORDER BY k
+            ON CONFLICT (lane_key) DO NOTHING;
+        SELECT count(*) INTO locked FROM (
+            SELECT 1 FROM agent_lane WHERE lane_key = ANY (lanes) ORDER BY lane_key FOR UPDATE
+        ) AS held;
+        -- a lane row deleted by a transaction that committed meanwhile: insert it again
+        EXIT WHEN locked = cardinality(lanes);
+    END LOOP;
+
+    -- a new statement, so a new snapshot: it sees every change committed before we got the locks
+    WITH found AS MATERIALIZED (
+        SELECT k.lane_key, h.id AS head_id, e.lane_key IS NOT NULL AS executing,
+               CASE WHEN h.state = 'ADMITTED' AND e.lane_key IS NULL THEN h.due_at END AS ready_at
+          FROM unnest(lanes) AS k (lane_key)
+          LEFT JOIN LATERAL (
+            SELECT p.id, p.state, p.due_at FROM agent_action AS p
+             WHERE p.lane_key = k.lane_key AND p.state IN ('PROPOSED', 'ADMITTED')
+             ORDER BY p.id LIMIT 1
+          ) AS h ON true
+          LEFT JOIN LATERAL (
+            SELECT x.lane_key FROM agent_action AS x
+             WHERE x.lane_key = k.lane_key AND x.state = 'EXECUTING'
+             LIMIT 1
+          ) AS e ON true
+    ), emptied AS (
+        DELETE FROM agent_lane AS l USING found AS f
+         WHERE l.lane_key = f.lane_key AND f.head_id IS NULL AND NOT f.executing
+    ), changed AS (
+        UPDATE agent_lane AS l SET head_id = f.head_id, executing = f.executing, ready_at = f.ready_at
+          FROM found AS f
+         WHERE l.lane_key = f.lane_key AND (f.head_id IS NOT NULL OR f.executing)
+           AND (l.head_id, l.executing, l.ready_at) IS DISTINCT FROM (f.head_id, f.executing, f.ready_at)
+    )
+    SELECT coalesce(bool_or(ready_at <= now()), false) INTO wake FROM found;
+
+    -- a lane that may start now wakes the idle executors when this transaction commits, whoever made
+    -- it ready: an enqueue, an admission, the end of its previous action, a refusal or an erasure
+    IF wake THEN
+        PERFORM pg_notify('outbox_action', '');
+    END IF;
+END
+$$;
+
+--
+-- Name: tally_agent_action_ended(); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.tally_agent_action_ended() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    INSERT INTO agent_action_ended_tally (kind, state, reason, n)
+    SELECT n.kind, n.state, n.stop_reason, count(*)
+      FROM new_rows AS n JOIN old_rows AS o ON o.id = n.id
+     WHERE n.ended_at IS NOT NULL AND o.ended_at IS NULL
+     GROUP BY n.kind, n.state, n.stop_reason;
+    RETURN NULL;
+END
+$$;
+
+--
+-- Name: track_agent_lane(); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.track_agent_lane() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    lanes text[];
+    claimed text[];
+    ended text[];
+    wake boolean := false;
+BEGIN
+    IF TG_OP = 'INSERT' THEN
+        -- as revision 0009: a lane with no row gets one made from the new actions alone
+        WITH firsts AS MATERIALIZED (
+            SELECT DISTINCT ON (lane_key) lane_key, id, state, due_at FROM new_rows ORDER BY lane_key, id
+        ), made AS (
+            INSERT INTO agent_lane (lane_key, head_id, executing, ready_at)
+            SELECT lane_key, id, false, CASE WHEN state = 'ADMITTED' THEN due_at END FROM firsts ORDER BY lane_key
+            ON CONFLICT (lane_key) DO NOTHING
+            RETURNING lane_key, ready_at
+        )
+        SELECT array_agg(f.lane_key) FILTER (WHERE m.lane_key IS NULL),
+               coalesce(bool_or(m.ready_at <= now()), false)
+          INTO lanes, wake
+          FROM firsts AS f LEFT JOIN made AS m ON m.lane_key = f.lane_key;
+        IF wake THEN
+            PERFORM pg_notify('outbox_action', '');
+        END IF;
+    ELSIF TG_OP = 'UPDATE' THEN
+        -- each lane's moves in this statement: a lane with exactly one, a claim or an end, is updated from
+        -- that move; every other lane is recomputed
+        WITH moved AS MATERIALIZED (
+            SELECT n.lane_key,
+                   CASE WHEN o.state = 'ADMITTED' AND n.state = 'EXECUTING' THEN 'claim'
+                        WHEN o.state = 'EXECUTING' AND n.state IN ('DONE', 'FAILED', 'UNCERTAIN', 'CANCELLED')
+                            THEN 'end'
+                        ELSE 'other' END AS move,
+                   count(*) OVER (PARTITION BY n.lane_key) AS moves
+              FROM new_rows AS n JOIN old_rows AS o ON o.id = n.id
+             WHERE n.state <> o.state OR n.due_at <> o.due_at
+        )
+        SELECT array_agg(lane_key ORDER BY lane_key) FILTER (WHERE moves = 1 AND move = 'claim'),
+               array_agg(lane_key ORDER BY lane_key) FILTER (WHERE moves = 1 AND move = 'end'),
+               array_agg(DISTINCT lane_key) FILTER (WHERE moves > 1 OR move = 'other')
+          INTO claimed, ended, lanes
+          FROM moved;
+
+        -- a claim: an action of the lane executes now, and the head is the next action not started. The lane
+        -- row exists (the lane has an action not ended): the lock first, then the head in a new snapshot that
+        -- sees every change committed before the lock, as refresh_agent_lanes does
+        IF claimed IS NOT NULL THEN
+            PERFORM 1 FROM agent_lane WHERE lane_key = ANY (claimed) ORDER BY lane_key FOR UPDATE;
+            UPDATE agent_lane AS l
+               SET executing = true, ready_at = NULL,
+                   head_id = (SELECT p.id FROM agent_action AS p
+                               WHERE p.lane_key = l.lane_key AND p.state IN ('PROPOSED', 'ADMITTED')
+                               ORDER BY p.id LIMIT 1)
+             WHERE l.lane_key = ANY (claimed);
+        END IF;
+
+        -- an end: nothing of the lane executes any more (one executing action per lane at most); the head is
+        -- unchanged, ready at its due time if it is ADMITTED; a lane with no head has nothing left
+        IF ended IS NOT NULL THEN
+            PERFORM 1 FROM agent_lane WHERE lane_key = ANY (ended) ORDER BY lane_key FOR UPDATE;
+            WITH emptied AS (
+                DELETE FROM agent_lane WHERE lane_key = ANY (ended) AND head_id IS NULL
+            ), waiting AS (
+                UPDATE agent_lane AS l
+                   SET executing = false,
+                       ready_at = (SELECT CASE WHEN h.state = 'ADMITTED' THEN h.due_at END
+                                     FROM agent_action AS h WHERE h.id = l.head_id)
+                 WHERE l.lane_key = ANY (ended) AND l.head_id IS NOT NULL
+                RETURNING l.ready_at
+            )
+            SELECT coalesce(bool_or(ready_at <= now()), false) INTO wake FROM waiting;
+            -- the lane's next action may start now: wake the idle executors when this transaction commits
+            IF wake THEN
+                PERFORM pg_notify('outbox_action', '');
+            END IF;
+        END IF;
+    ELSE
+        SELECT array_agg(DISTINCT lane_key) INTO lanes
+          FROM old_rows WHERE state IN ('PROPOSED', 'ADMITTED', 'EXECUTING');
+    END IF;
+    IF lanes IS NOT NULL THEN
+        PERFORM refresh_agent_lanes(lanes);
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+SET default_tablespace = '';
+
+SET default_table_access_method = heap;
+
+--
+-- Name: agent_action; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.agent_action (
+    id bigint NOT NULL,
+    kind text NOT NULL,
+    workspace_id bigint,
+    lane_key text NOT NULL,
+    idempotency_key text NOT NULL,
+    payload jsonb,
+    subject_account_id bigint,
+    max_attempts integer NOT NULL,
+    expires_at timestamp with time zone,
+    state text NOT NULL,
+    attempt integer DEFAULT 0 NOT NULL,
+    epoch bigint DEFAULT 0 NOT NULL,
+    due_at timestamp with time zone DEFAULT now() NOT NULL,
+    lease_expires_at timestamp with time zone,
+    write_started_at timestamp with time zone,
+    stop_reason text,
+    readback_ref text,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    ended_at timestamp with time zone,
+    last_error text,
+    trace jsonb,
+    CONSTRAINT ck_agent_action_attempt CHECK (((attempt >= 0) AND (attempt <= max_attempts))),
+    CONSTRAINT ck_agent_action_ended_at CHECK (((ended_at IS NULL) = (stop_reason IS NULL))),
+    CONSTRAINT ck_agent_action_idempotency_key CHECK ((idempotency_key <> ''::text)),
+    CONSTRAINT ck_agent_action_lane_key CHECK ((lane_key <> ''::text)),
+    CONSTRAINT ck_agent_action_last_error CHECK ((char_length(last_error) <= 500)),
+    CONSTRAINT ck_agent_action_max_attempts CHECK ((max_attempts > 0)),
+    CONSTRAINT ck_agent_action_state CHECK ((state = ANY (ARRAY['PROPOSED'::text, 'ADMITTED'::text, 'EXECUTING'::text, 'DONE'::text, 'UNCERTAIN'::text, 'FAILED'::text, 'CANCELLED'::text]))),
+    CONSTRAINT ck_agent_action_stop_reason CHECK (
+CASE state
+    WHEN 'DONE'::text THEN (stop_reason = 'CONFIRMED'::text)
+    WHEN 'FAILED'::text THEN (stop_reason = ANY (ARRAY['PROVIDER_REFUSED'::text, 'ATTEMPTS_EXHAUSTED'::text]))
+    WHEN 'UNCERTAIN'::text THEN (stop_reason = ANY (ARRAY['PROVIDER_UNCERTAIN'::text, 'ERROR_AFTER_WRITE'::text, 'LEASE_LOST_AFTER_WRITE'::text]))
+    WHEN 'CANCELLED'::text THEN (stop_reason = ANY (ARRAY['EXPIRED'::text, 'PROPOSAL_REFUSED'::text, 'NOT_WANTED'::text, 'OPERATOR_CANCELLED'::text]))
+    ELSE (stop_reason IS NULL)
+END),
+    CONSTRAINT ck_agent_action_trace CHECK (((jsonb_typeof(trace) = 'object'::text) AND (char_length((trace)::text) <= 500)))
+)
+WITH (fillfactor='80', autovacuum_vacuum_scale_factor='0.02', autovacuum_analyze_scale_factor='0.02');
+
+--
+-- Name: agent_action_attempt_tally; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.agent_action_attempt_tally (
+    id bigint NOT NULL,
+    kind text NOT NULL,
+    result text NOT NULL,
+    recorded boolean NOT NULL,
+    n bigint NOT NULL,
+    CONSTRAINT agent_action_attempt_tally_n_check CHECK ((n > 0)),
+    CONSTRAINT agent_action_attempt_tally_result_check CHECK ((result = ANY (ARRAY['DONE'::text, 'RETRY'::text, 'DEFER'::text, 'OUTBOX_FAULT'::text, 'UNCERTAIN'::text, 'FAILED'::text, 'CANCELLED'::text, 'ABANDONED'::text])))
+);
+
+--
+-- Name: agent_action_attempt_tally_id_seq; Type: SEQUENCE; Schema: public; Owner: -
+--
+
+ALTER TABLE public.agent_action_attempt_tally ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME public.agent_action_attempt_tally_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
+
+--
+-- Name: agent_action_ended_tally; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.agent_action_ended_tally (
+    id bigint NOT NULL,
+    kind text NOT NULL,
+    state text NOT NULL,
+    reason text NOT NULL,
+    n bigint NOT NULL,
+    CONSTRAINT agent_action_ended_tally_n_check CHECK ((n > 0))
+);
+
+--
+-- Name: agent_action_ended_tally_id_seq; Type: SEQUENCE; Schema: public; Owner: -
+--
+
+ALTER TABLE public.agent_action_ended_tally ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME public.agent_action_ended_tally_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
+
+--
+-- Name: agent_action_id_seq; Type: SEQUENCE; Schema: public; Owner: -
+--
+
+ALTER TABLE public.agent_action ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME public.agent_action_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
+
+--
+-- Name: agent_action_kind; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.agent_action_kind (
+    name text NOT NULL,
+    at_most_once boolean NOT NULL,
+    instance_level boolean NOT NULL,
+    workspace_level boolean NOT NULL,
+    CONSTRAINT ck_agent_action_kind_level CHECK ((instance_level OR workspace_level)),
+    CONSTRAINT ck_agent_action_kind_name CHECK ((name ~ '^[A-Z0-9_]*[A-Z][A-Z0-9_]*$'::text))
+);
+
+--
+-- Name: agent_action_latency_tally; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.agent_action_latency_tally (
+    id bigint NOT NULL,
+    kind text NOT NULL,
+    metric text NOT NULL,
+    le double precision NOT NULL,
+    n bigint NOT NULL,
+    total double precision NOT NULL,
+    CONSTRAINT agent_action_latency_tally_metric_check CHECK ((metric = ANY (ARRAY['attempt_duration'::text, 'pickup_delay'::text]))),
+    CONSTRAINT agent_action_latency_tally_n_check CHECK ((n > 0))
+);
+
+--
+-- Name: agent_action_latency_tally_id_seq; Type: SEQUENCE; Schema: public; Owner: -
+--
+
+ALTER TABLE public.agent_action_latency_tally ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME public.agent_action_latency_tally_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
+
+--
+-- Name: agent_executor; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.agent_executor (
+    executor_id text NOT NULL,
+    started_at timestamp with time zone DEFAULT now() NOT NULL,
+    seen_at timestamp with time zone DEFAULT now() NOT NULL
+);
+
+--
+-- Name: agent_lane; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.agent_lane (
+    lane_key text NOT NULL,
+    head_id bigint,
+    executing boolean DEFAULT false NOT NULL,
+    ready_at timestamp with time zone
+)
+WITH (fillfactor='70', autovacuum_vacuum_scale_factor='0.01', autovacuum_analyze_scale_factor='0.02');
+
+--
+-- Name: agent_maintenance; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.agent_maintenance (
+    job text NOT NULL,
+    last_success_at timestamp with time zone NOT NULL,
+    last_removed bigint NOT NULL
+);
+
+--
+-- Name: outbox_alembic_version; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.outbox_alembic_version (
+    version_num character varying(32) NOT NULL
+);
+
+--
+-- Name: agent_action_attempt_tally agent_action_attempt_tally_pkey; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.agent_action_attempt_tally
+    ADD CONSTRAINT agent_action_attempt_tally_pkey PRIMARY KEY (id);
+
+--
+-- Name: agent_action_ended_tally agent_action_ended_tally_pkey; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.agent_action_ended_tally
+    ADD CONSTRAINT agent_action_ended_tally_pkey PRIMARY KEY (id);
+
+--
+-- Name: agent_action_kind agent_action_kind_pkey; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.agent_action_kind
+    ADD CONSTRAINT agent_action_kind_pkey PRIMARY KEY (name);
+
+--
+-- Name: agent_action_latency_tally agent_action_latency_tally_pkey; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.agent_action_latency_tally
+    ADD CONSTRAINT agent_action_latency_tally_pkey PRIMARY KEY (id);
+
+--
+-- Name: agent_action agent_action_pkey; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.agent_action
+    ADD CONSTRAINT agent_action_pkey PRIMARY KEY (id);
+
+--
+-- Name: agent_executor agent_executor_pkey; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.agent_executor
+    ADD CONSTRAINT agent_executor_pkey PRIMARY KEY (executor_id);
+
+--
+-- Name: agent_lane agent_lane_pkey; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.agent_lane
+    ADD CONSTRAINT agent_lane_pkey PRIMARY KEY (lane_key);
+
+--
+-- Name: agent_maintenance agent_maintenance_pkey; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.agent_maintenance
+    ADD CONSTRAINT agent_maintenance_pkey PRIMARY KEY (job);
+
+--
+-- Name: outbox_alembic_version outbox_alembic_version_pkc; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.outbox_alembic_version
+    ADD CONSTRAINT outbox_alembic_version_pkc PRIMARY KEY (version_num);
+
+--
+-- Name: agent_action ux_agent_action_idempotency_key; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.agent_action
+    ADD CONSTRAINT ux_agent_action_idempotency_key UNIQUE (idempotency_key);
+
+--
+-- Name: ix_agent_action_admitted_due; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX ix_agent_action_admitted_due ON public.agent_action USING btree (due_at) WHERE (state = 'ADMITTED'::text);
+
+--
+-- Name: ix_agent_action_created; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX ix_agent_action_created ON public.agent_action USING btree (created_at, id);
+
+--
+-- Name: ix_agent_action_ended; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX ix_agent_action_ended ON public.agent_action USING btree (ended_at) WHERE (ended_at IS NOT NULL);
+
+--
+-- Name: ix_agent_action_expires; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX ix_agent_action_expires ON public.agent_action USING btree (expires_at) WHERE ((state = ANY (ARRAY['PROPOSED'::text, 'ADMITTED'::text])) AND (expires_at IS NOT NULL));
+
+--
+-- Name: ix_agent_action_lane_pending; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX ix_agent_action_lane_pending ON public.agent_action USING btree (lane_key, id) WHERE (state = ANY (ARRAY['PROPOSED'::text, 'ADMITTED'::text]));
+
+--
+-- Name: ix_agent_action_lease; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX ix_agent_action_lease ON public.agent_action USING btree (lease_expires_at) WHERE (state = 'EXECUTING'::text);
+
+--
+-- Name: ix_agent_action_state_created; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX ix_agent_action_state_created ON public.agent_action USING btree (state, created_at, id) INCLUDE (kind);
+
+--
+-- Name: ix_agent_action_subject; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX ix_agent_action_subject ON public.agent_action USING btree (subject_account_id) WHERE (subject_account_id IS NOT NULL);
+
+--
+-- Name: ix_agent_action_uncertain; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX ix_agent_action_uncertain ON public.agent_action USING btree (ended_at) INCLUDE (kind, stop_reason) WHERE (state = 'UNCERTAIN'::text);
+
+--
+-- Name: ix_agent_lane_ready; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX ix_agent_lane_ready ON public.agent_lane USING btree (ready_at) WHERE (ready_at IS NOT NULL);
+
+--
+-- Name: ux_agent_action_lane_executing; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE UNIQUE INDEX ux_agent_action_lane_executing ON public.agent_action USING btree (lane_key) WHERE (state = 'EXECUTING'::text);
+
+--
+-- Name: agent_action guard_agent_action; Type: TRIGGER; Schema: public; Owner: -
+--
+
+CREATE TRIGGER guard_agent_action BEFORE INSERT OR UPDATE ON public.agent_action FOR EACH ROW EXECUTE FUNCTION public.guard_agent_action();
+
+--
+-- Name: agent_action tally_agent_action_ended; Type: TRIGGER; Schema: public; Owner: -
+--
+
+CREATE TRIGGER tally_agent_action_ended AFTER UPDATE ON public.agent_action REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION public.tally_agent_action_ended();
+
+--
+-- Name: agent_action track_agent_lane_delete; Type: TRIGGER; Schema: public; Owner: -
+--
+
+CREATE TRIGGER track_agent_lane_delete AFTER DELETE ON public.agent_action REFERENCING OLD TABLE AS old_rows FOR EACH STATEMENT EXECUTE FUNCTION public.track_agent_lane();
+
+--
+-- Name: agent_action track_agent_lane_insert; Type: TRIGGER; Schema: public; Owner: -
+--
+
+CREATE TRIGGER track_agent_lane_insert AFTER INSERT ON public.agent_action REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION public.track_agent_lane();
+
+--
+-- Name: agent_action track_agent_lane_update; Type: TRIGGER; Schema: public; Owner: -
+--
+
+CREATE TRIGGER track_agent_lane_update AFTER UPDATE ON public.agent_action REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION public.track_agent_lane();
+
+--
+-- Name: agent_action fk_agent_action_kind; Type: FK CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.agent_action
+    ADD CONSTRAINT fk_agent_action_kind FOREIGN KEY (kind) REFERENCES public.agent_action_kind(name);
+
+--
+-- PostgreSQL database dump complete
+--
