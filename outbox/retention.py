@@ -29,7 +29,6 @@ from outbox.store import metrics as store_metrics
 
 # How long an ended action is kept: longer than any notice's expiry, so its idempotency key still counts.
 RETENTION = timedelta(days=30)
-# Rows per batch: a few milliseconds of locks, and WAL in small steps.
 # where the first batch starts; each next one starts at the last ended_at the batch before it deleted
 _BEGINNING = datetime(1, 1, 1, tzinfo=UTC)
 

@@ -28,7 +28,6 @@ class ActionState(enum.StrEnum):
 
 
 ENDED_STATES = frozenset({ActionState.DONE, ActionState.UNCERTAIN, ActionState.FAILED, ActionState.CANCELLED})
-PENDING_STATES = frozenset({ActionState.PROPOSED, ActionState.ADMITTED})
 
 TRANSITIONS: dict[ActionState, frozenset[ActionState]] = {
     # the server admits or refuses an agent's proposal (a proposal may also expire)

@@ -12,7 +12,7 @@ rows.
 
 from __future__ import annotations
 
-from sqlalchemy import Connection, text
+from sqlalchemy import Connection, TextClause, text
 
 # ---- counters: fold the added rows into one per label set (writers only), then read them ----------------
 
@@ -21,46 +21,33 @@ TALLY_MERGE_LOCK = 0x6F7574626F78746C
 TRY_TALLY_MERGE_LOCK = text("SELECT pg_try_advisory_xact_lock(:key)")
 # Each merge locks the oldest 100,000 rows of a table at most (SKIP LOCKED: rows another merge holds stay
 # for the next one; a backlog goes in steps) and rewrites only the label sets that have more than one row
-# among them. Inserts of new rows never wait for it.
-MERGE_ATTEMPT_TALLIES = text("""
+# among them. Inserts of new rows never wait for it. The three tables differ only in their columns.
+
+
+def _merge_tally(table: str, labels: tuple[str, str, str], sums: tuple[str, ...]) -> TextClause:
+    """The merge of one tally table (names written here, never a value): its label columns, and the columns
+    summed into the merged row."""
+    label_list = ", ".join(labels)
+    kept = ", ".join(f"t.{column}" for column in (*labels, *sums))
+    summed = ", ".join(f"sum({column})" for column in sums)
+    return text(f"""
 WITH held AS (
-    SELECT id, kind, result, recorded FROM agent_action_attempt_tally ORDER BY id LIMIT 100000 FOR UPDATE SKIP LOCKED
+    SELECT id, {label_list} FROM {table} ORDER BY id LIMIT 100000 FOR UPDATE SKIP LOCKED
 ), folded AS (
-    SELECT kind, result, recorded FROM held GROUP BY kind, result, recorded HAVING count(*) > 1
+    SELECT {label_list} FROM held GROUP BY {label_list} HAVING count(*) > 1
 ), gone AS (
-    DELETE FROM agent_action_attempt_tally AS t USING held AS h JOIN folded AS f USING (kind, result, recorded)
+    DELETE FROM {table} AS t USING held AS h JOIN folded AS f USING ({label_list})
      WHERE t.id = h.id
-    RETURNING t.kind, t.result, t.recorded, t.n
+    RETURNING {kept}
 )
-INSERT INTO agent_action_attempt_tally (kind, result, recorded, n)
-SELECT kind, result, recorded, sum(n) FROM gone GROUP BY kind, result, recorded
+INSERT INTO {table} ({label_list}, {", ".join(sums)})
+SELECT {label_list}, {summed} FROM gone GROUP BY {label_list}
 """)
-MERGE_ENDED_TALLIES = text("""
-WITH held AS (
-    SELECT id, kind, state, reason FROM agent_action_ended_tally ORDER BY id LIMIT 100000 FOR UPDATE SKIP LOCKED
-), folded AS (
-    SELECT kind, state, reason FROM held GROUP BY kind, state, reason HAVING count(*) > 1
-), gone AS (
-    DELETE FROM agent_action_ended_tally AS t USING held AS h JOIN folded AS f USING (kind, state, reason)
-     WHERE t.id = h.id
-    RETURNING t.kind, t.state, t.reason, t.n
-)
-INSERT INTO agent_action_ended_tally (kind, state, reason, n)
-SELECT kind, state, reason, sum(n) FROM gone GROUP BY kind, state, reason
-""")
-MERGE_LATENCY_TALLIES = text("""
-WITH held AS (
-    SELECT id, kind, metric, le FROM agent_action_latency_tally ORDER BY id LIMIT 100000 FOR UPDATE SKIP LOCKED
-), folded AS (
-    SELECT kind, metric, le FROM held GROUP BY kind, metric, le HAVING count(*) > 1
-), gone AS (
-    DELETE FROM agent_action_latency_tally AS t USING held AS h JOIN folded AS f USING (kind, metric, le)
-     WHERE t.id = h.id
-    RETURNING t.kind, t.metric, t.le, t.n, t.total
-)
-INSERT INTO agent_action_latency_tally (kind, metric, le, n, total)
-SELECT kind, metric, le, sum(n), sum(total) FROM gone GROUP BY kind, metric, le
-""")
+
+
+MERGE_ATTEMPT_TALLIES = _merge_tally("agent_action_attempt_tally", ("kind", "result", "recorded"), ("n",))
+MERGE_ENDED_TALLIES = _merge_tally("agent_action_ended_tally", ("kind", "state", "reason"), ("n",))
+MERGE_LATENCY_TALLIES = _merge_tally("agent_action_latency_tally", ("kind", "metric", "le"), ("n", "total"))
 MERGE_TALLIES = (MERGE_ATTEMPT_TALLIES, MERGE_ENDED_TALLIES, MERGE_LATENCY_TALLIES)
 # a merge in a transaction of its own: how long it may run, and wait for a lock (milliseconds)
 BOUND_MERGE = text("""
