@@ -35,6 +35,20 @@ def test_every_operator_command_has_help(cli: Cli, command: str) -> None:
     assert "Usage:" in result.out and "--json" in result.out
 
 
+DATABASE_COMMANDS = [*OPERATOR_COMMANDS, "run", "metrics serve", "db upgrade", "db downgrade", "db current", "db check"]
+
+
+@pytest.mark.parametrize("command", DATABASE_COMMANDS)
+def test_every_database_command_lists_the_database_options_in_its_help(
+    cli: Cli, command: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("COLUMNS", "300")  # one line per option
+    shown = ok(cli(*command.split(), "--help")).out
+    for option in ("--database-url", "--connect-timeout", "--statement-timeout"):
+        assert option in shown, (option, shown)
+    assert "OUTBOX_DATABASE_URL" in shown and "OUTBOX_CONNECT_TIMEOUT_SECONDS" in shown
+
+
 def test_status_shows_the_backlog_lanes_leases_and_recent_uncertain_actions(engine: Engine, cli: Cli) -> None:
     lost = enqueue(engine, lane="lane-lost")
     with engine.begin() as conn:  # an executor took it and died: its lease ran out
