@@ -45,7 +45,7 @@ from prometheus_client.registry import Collector
 from sqlalchemy import Connection, Engine, event
 from sqlalchemy.exc import DBAPIError
 
-from outbox.db import fault_text
+from outbox.db import fault_text, shown_url
 from outbox.executor.results import RESULT_NAMES
 from outbox.kinds import ActionKind
 from outbox.states import REASON_STATE
@@ -234,7 +234,7 @@ def _where(engine: Engine) -> str:
     """The database as a log line names it: no password, and of the URL's parameters only a socket's host."""
     url = engine.url
     host = url.query.get("host")
-    return url.set(query={"host": host} if host else {}).render_as_string(hide_password=True)
+    return shown_url(url.set(query={"host": host} if host else {}))
 
 
 def bound_connections(engine: Engine) -> None:
