@@ -185,6 +185,10 @@ class Stack:
                 return  # stop() hands them back through their workers
             time.sleep(0.5)
 
+    def _has_queue(self, queue: str) -> bool:
+        queues = self.prefect_api("POST", "/work_pools/outbox/queues/filter", {})
+        return any(found["name"] == queue for found in queues)
+
     def prefect_api(self, method: Literal["GET", "POST"], path: str, body: object = None) -> Any:
         """One call to the stack's Prefect server through Prefect's client (`path` under /api), its JSON answer."""
         from prefect.client.orchestration import SyncPrefectClient
@@ -193,7 +197,10 @@ class Stack:
             return client.request(method, path, json=body).json()  # type: ignore[arg-type]  # a route with its ids
 
     def start_worker(self, name: str) -> subprocess.Popen[bytes]:
-        """`outbox worker` on the pool's default queue and on a queue of its own, named after it."""
+        """`outbox worker` on the pool's default queue and on a queue of its own, named after it. The queue is
+        made first: a worker that polls a queue the pool does not have finds no run in any of its queues."""
+        if not self._has_queue(prefect_worker_name(name)):
+            self._prefect("work-queue", "create", prefect_worker_name(name), "--pool", "outbox")
         queues = ["--work-queue", "default", "--work-queue", prefect_worker_name(name)]
         command = [
             *[sys.executable, "-m", "outbox.cli", "worker", "--name", prefect_worker_name(name), "--grace", "60"],

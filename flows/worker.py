@@ -6,16 +6,15 @@
                   (in a session of its own: a Ctrl-C reaches this supervisor only; its stderr, and its
                   flow runs', pass through this supervisor)
     first SIGTERM or SIGINT:
-      1. SIGSTOP the Prefect worker, so it takes no new run while its runs stop, and remove it from the
-         pool's workers in the Prefect API: no stopping run (its own, or another replica's stopping at the
-         same time) counts it as a worker that could take its replacement
+      1. SIGSTOP the Prefect worker, so it takes no new run while its runs stop (it stays listed among
+         the pool's workers: the relay's runs on the other replicas keep counting it, so a rolling restart
+         leaves no fewer executors)
       2. each flow run it started: Running ─▶ SIGTERM (the drain hands back and ends Completed)
                                    not Running yet ─▶ SIGKILL, then set Cancelled through the Prefect API
                                    ended (its process finishing) ─▶ left to exit
       3. wait for the Running ones to exit (at most `grace` seconds; then SIGKILL: their leases expire
          and another replica takes their actions back, or ends an at-most-once one UNCERTAIN)
-      4. SIGCONT and SIGTERM the Prefect worker; once it has exited, remove it from the pool's workers
-         again (its last heartbeat may have listed it); exit with its exit code
+      4. SIGCONT and SIGTERM the Prefect worker; exit with its exit code
     second SIGTERM or SIGINT: SIGKILL the worker and its runs now
 
 A worker stopped for longer than its websockets' keepalive (about 20 s) finds them closed when it
@@ -45,7 +44,6 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from types import FrameType
 from typing import IO
-from urllib.parse import quote
 from uuid import UUID
 
 import httpx
@@ -97,16 +95,6 @@ class PrefectApi:
     def cancel(self, run_id: str, message: str) -> None:
         self.client.set_flow_run_state(run_id, Cancelled(message=message), force=True)
 
-    def remove_worker(self, pool: str, name: str) -> None:
-        """Remove a worker from its pool's workers (it is listed again at its next heartbeat); one that is
-        not listed is left as it is."""
-        names = {"work_pool_name": quote(pool, safe=""), "name": quote(name, safe="")}
-        try:
-            self.client.request("DELETE", "/work_pools/{work_pool_name}/workers/{name}", path_params=names)
-        except httpx.HTTPStatusError as error:
-            if error.response.status_code != 404:
-                raise
-
 
 def prefect_client() -> SyncPrefectClient:
     """Prefect's client for the API the worker works for (never an ephemeral server of its own)."""
@@ -148,12 +136,10 @@ def flow_run_processes(worker_pid: int) -> list[FlowRunProcess]:
 
 
 class Supervisor:
-    def __init__(self, command: list[str], api: PrefectApi, grace_seconds: float, pool: str, name: str) -> None:
+    def __init__(self, command: list[str], api: PrefectApi, grace_seconds: float) -> None:
         self.command = command
         self.api = api
         self.grace_seconds = grace_seconds
-        self.pool = pool
-        self.name = name
         self.stderr = StopNoiseFilter(sys.stderr.buffer)
         self._signals = 0
         self._stop = threading.Event()
@@ -172,8 +158,6 @@ class Supervisor:
         if stopping:
             self.stop_in_order(self._worker)
         code = self._worker.wait()
-        if stopping:
-            self._leave_pool()
         relay.join(10)  # its flow runs have ended: the pipe closes with the worker
         return code
 
@@ -191,7 +175,6 @@ class Supervisor:
         log.info("stopping: the worker takes no new run; its runs hand back and end")
         worker.send_signal(signal.SIGSTOP)
         try:
-            self._leave_pool()
             running = []
             for run in flow_run_processes(worker.pid):
                 state = self._state_type(run.run_id)
@@ -209,12 +192,6 @@ class Supervisor:
             self.stderr.stopping.set()
             worker.send_signal(signal.SIGCONT)
             worker.send_signal(signal.SIGTERM)
-
-    def _leave_pool(self) -> None:
-        try:
-            self.api.remove_worker(self.pool, self.name)
-        except API_FAILURES as error:  # the API cannot be reached: the worker stays listed until it goes OFFLINE
-            log.warning("cannot remove worker %s from pool %s (%s)", self.name, self.pool, error)
 
     def _state_type(self, run_id: str) -> StateType | None:
         try:
@@ -296,7 +273,7 @@ def main(argv: Sequence[str]) -> int:
         return 2
     command = worker_command(arguments.pool, arguments.name, prefect_options)
     with client:
-        return Supervisor(command, PrefectApi(client), arguments.grace, arguments.pool, arguments.name).run()
+        return Supervisor(command, PrefectApi(client), arguments.grace).run()
 
 
 if __name__ == "__main__":

@@ -81,7 +81,7 @@ def test_a_stopping_worker_stops_running_runs_cancels_unstarted_ones_and_leaves_
         until(lambda: all(path.exists() for path in ready), timeout=30, what="the flow-run processes' handlers")
         processes = {run.run_id: run.process for run in flow_run_processes(worker.pid)}
         with get_client(sync_client=True) as client:
-            supervisor = Supervisor([], PrefectApi(client), grace_seconds=10, pool="outbox-stand-in", name="stand-in")
+            supervisor = Supervisor([], PrefectApi(client), grace_seconds=10)
             supervisor.stop_in_order(worker)
         assert worker.wait(30) == 0
     finally:
@@ -198,21 +198,21 @@ def test_a_worker_alone_in_its_pool_stops_its_run_at_once_and_prints_no_tracebac
     assert {r["state_type"] for r in runs if r["id"] != run["id"]} == {"SCHEDULED"}
 
 
-async def test_a_stopping_run_counts_the_pools_other_online_workers_and_a_removed_worker_is_not_one(
+async def test_a_stopping_run_counts_the_pools_other_online_workers_not_its_own(
     prefect_server: PrefectServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     template = ProcessWorker.get_default_base_job_template()
     prefect_server.post("/work_pools/", {"name": "counted", "type": "process", "base_job_template": template})
-    for name in ("outbox-me", "outbox-other"):
-        prefect_server.post("/work_pools/counted/workers/heartbeat", {"name": name, "heartbeat_interval_seconds": 30})
     monkeypatch.setenv("PREFECT__WORKER_NAME", "outbox-me")  # as the worker sets it for its flow runs
+    prefect_server.post(
+        "/work_pools/counted/workers/heartbeat", {"name": "outbox-me", "heartbeat_interval_seconds": 30}
+    )
     async with get_client() as client:
-        assert await other_workers_online(client, "counted") == ["outbox-other"]
-        with get_client(sync_client=True) as sync_client:
-            api = PrefectApi(sync_client)
-            api.remove_worker("counted", "outbox-other")  # as its supervisor does when it starts to stop
-            api.remove_worker("counted", "outbox-other")  # a worker no longer listed is left as it is
         assert await other_workers_online(client, "counted") == []
+        prefect_server.post(
+            "/work_pools/counted/workers/heartbeat", {"name": "outbox-other", "heartbeat_interval_seconds": 30}
+        )
+        assert await other_workers_online(client, "counted") == ["outbox-other"]
 
 
 # what a Prefect worker stopped for longer than its websockets' keepalive logs when it continues
