@@ -41,7 +41,7 @@ from sqlalchemy import Connection, StaticPool, create_engine
 from outbox.errors import OutboxError
 from outbox.kinds import ActionKind
 from outbox.store.application import UPSERT_KIND
-from outbox.store.caller import _check_transaction
+from outbox.store.caller import require_transaction
 from outbox.store.migrations import (
     ACTIONS_OF_KINDS,
     ADOPT_EARLIER_REVISION,
@@ -143,7 +143,7 @@ def _sqlalchemy(connection: DatabaseConnection) -> Iterator[Connection]:
         raise TypeError(
             f"outbox migrates on a SQLAlchemy Connection or a psycopg Connection, not a {type(connection).__name__}"
         )
-    _check_transaction(connection)
+    require_transaction(connection)
     callers = _CallersTransaction(connection)
     engine = create_engine(
         "postgresql+psycopg://",

@@ -15,12 +15,11 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy import Connection
 
-from outbox import migrate
+from outbox import kind_rows, migrate
 from outbox.kinds import ActionKind
-from outbox.store import application as store
 from outbox.store import executor as store_executor
 
-if TYPE_CHECKING:  # the executor loads with `drain`, not with `declared_kinds` (the operator commands use it)
+if TYPE_CHECKING:  # the executor loads with `drain`, not with the kinds' helpers
     from sqlalchemy.ext.asyncio import AsyncEngine
 
     from outbox.executor import ActionAdapter, ExecutorConfig
@@ -39,12 +38,12 @@ class DeclaredKinds:
 
 def declared_kinds(conn: Connection) -> DeclaredKinds:
     """The kinds as the rows of `agent_action_kind` declare them."""
-    rows = conn.execute(store.SELECT_KINDS).all()
+    rows = kind_rows.rows(conn)
     return DeclaredKinds(
-        kinds=frozenset(row.name for row in rows),
-        instance_level=frozenset(row.name for row in rows if row.instance_level),
-        workspace_level=frozenset(row.name for row in rows if row.workspace_level),
-        at_most_once=frozenset(row.name for row in rows if row.at_most_once),
+        kinds=frozenset(rows),
+        instance_level=frozenset(name for name, row in rows.items() if row.instance_level),
+        workspace_level=frozenset(name for name, row in rows.items() if row.workspace_level),
+        at_most_once=frozenset(name for name, row in rows.items() if row.at_most_once),
     )
 
 

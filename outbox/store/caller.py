@@ -58,7 +58,8 @@ def psycopg_sql(statement: TextClause) -> str:
     return str(statement.compile(dialect=PGDialect_psycopg()))  # type: ignore[no-untyped-call]
 
 
-def _check_transaction(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> None:
+def require_transaction(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> None:
+    """NoTransaction when `conn` is in autocommit with no transaction open: a write would commit alone."""
     if conn.autocommit and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
         raise NoTransaction()
 
@@ -74,7 +75,7 @@ def fetch(conn: SyncConnection, statement: TextClause, params: Mapping[str, Any]
     if isinstance(conn, Connection | Session):
         return [dict(row) for row in conn.execute(statement, params).mappings()]
     if isinstance(conn, psycopg.Connection):
-        _check_transaction(conn)
+        require_transaction(conn)
         with conn.cursor(row_factory=dict_row) as cursor:
             _own_loaders(cursor)
             cursor.execute(psycopg_sql(statement), params)
@@ -87,7 +88,7 @@ async def fetch_async(conn: AsyncConn, statement: TextClause, params: Mapping[st
     if isinstance(conn, AsyncConnection | AsyncSession):
         return [dict(row) for row in (await conn.execute(statement, params)).mappings()]
     if isinstance(conn, psycopg.AsyncConnection):
-        _check_transaction(conn)
+        require_transaction(conn)
         async with conn.cursor(row_factory=dict_row) as cursor:
             _own_loaders(cursor)
             await cursor.execute(psycopg_sql(statement), params)
