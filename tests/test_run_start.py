@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -20,49 +19,24 @@ from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.engine import make_url
 
 from outbox.store import application as store
+from tests.test_docs import example
 
 OUTBOX = Path(sys.executable).parent / "outbox"  # the console script: it puts no folder on the module path
 PASSWORD = "s3cret-Pass"  # the test server trusts local connections, so any password connects
 
-APPLICATION = '''
-"""An application's kind and its adapter."""
-
-from outbox import ActionKind
-from outbox.executor import ActionAttempt, Done, FenceRefused, Abandoned, Result
-
-PING = ActionKind.register("MYAPP_PING", at_most_once=False, instance_level=True, workspace_level=False)
-
-
-class PingAdapter:
-    kind = PING
-
-    async def execute(self, attempt: ActionAttempt) -> Result:
-        try:
-            window = await attempt.fence().begin_write()
-        except FenceRefused as refused:
-            return Abandoned(refused.reason)
-        window.check()
-        return Done(readback_ref=f"ping-{attempt.action.id}")
-
-
-def adapters(engine):
-    return [PingAdapter()]
-'''
-
 
 @pytest.fixture
 def app_folder(tmp_path: Path) -> Path:
-    package = tmp_path / "myapp"
-    package.mkdir()
-    (package / "__init__.py").write_text("")
-    (package / "outbox_adapters.py").write_text(textwrap.dedent(APPLICATION))
+    """The README's adapter script as the application's module (`ping`), in a folder of its own."""
+    code, _ = example("adapter")
+    (tmp_path / "ping.py").write_text(code)
     return tmp_path
 
 
 def outbox_run(folder: Path, database_url: str, *args: str) -> subprocess.CompletedProcess[str]:
     env = {name: value for name, value in os.environ.items() if name != "PYTHONPATH"}
     env["OUTBOX_DATABASE_URL"] = database_url
-    command = [str(OUTBOX), "run", "--adapters", "myapp.outbox_adapters:adapters", "--max-seconds", "20", *args]
+    command = [str(OUTBOX), "run", "--adapters", "ping:adapters", "--max-seconds", "20", *args]
     return subprocess.run(command, cwd=folder, env=env, capture_output=True, text=True, timeout=120)
 
 
@@ -70,7 +44,7 @@ def declare(engine: Engine, *, at_most_once: bool) -> None:
     with engine.begin() as conn:
         conn.execute(
             store.UPSERT_KIND,
-            {"name": "MYAPP_PING", "at_most_once": at_most_once, "instance_level": True, "workspace_level": False},
+            {"name": "PING", "at_most_once": at_most_once, "instance_level": True, "workspace_level": False},
         )
 
 
@@ -81,8 +55,8 @@ def test_a_kind_without_its_row_stops_the_command_with_one_line_naming_the_step(
     assert ran.returncode == 1, ran.stderr
     errors = [line for line in ran.stderr.splitlines() if line.startswith("error:")]
     assert errors == [
-        "error: kind MYAPP_PING has no row in agent_action_kind: declare it in a migration that runs after"
-        " outbox's own, with outbox.migrate.declare_kinds(op, [MYAPP_PING])"
+        "error: kind PING has no row in agent_action_kind: declare it in a migration that runs after"
+        " outbox's own, with outbox.migrate.declare_kinds(op, [PING])"
     ]
     assert "Traceback" not in ran.stderr and "carrying out" not in ran.stderr
 
@@ -95,7 +69,7 @@ def test_a_row_that_declares_the_kind_otherwise_stops_the_command_naming_what_di
     assert ran.returncode == 1, ran.stderr
     errors = [line for line in ran.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1
-    assert errors[0].startswith("error: kind MYAPP_PING: its row in agent_action_kind declares at_most_once=true")
+    assert errors[0].startswith("error: kind PING: its row in agent_action_kind declares at_most_once=true")
     assert "(the code: false)" in errors[0] and "instance_level" not in errors[0]
 
 
@@ -107,7 +81,7 @@ def test_from_the_application_folder_it_says_what_it_carries_out_then_carries_it
         conn.execute(
             text(
                 "INSERT INTO agent_action (kind, lane_key, idempotency_key, payload, max_attempts, state)"
-                " VALUES ('MYAPP_PING', 'ping:1', 'ping-1', '{}', 3, 'ADMITTED')"
+                " VALUES ('PING', 'ping:1', 'ping-1', '{}', 3, 'ADMITTED')"
             )
         )
     with_password = make_url(database_url).set(password=PASSWORD).render_as_string(hide_password=False)
@@ -117,7 +91,7 @@ def test_from_the_application_folder_it_says_what_it_carries_out_then_carries_it
     assert len(started) == 1, ran.stderr
     shown = make_url(with_password).render_as_string(hide_password=True)  # user:***@host/database
     assert ":***@" in shown
-    assert f"carrying out MYAPP_PING on {shown}: " in started[0]
+    assert f"carrying out PING on {shown}: " in started[0]
     assert "concurrency 7, claim batch up to the free slots, lease 90 s" in started[0]
     assert PASSWORD not in ran.stderr + ran.stdout
     check = create_engine(database_url)
