@@ -127,6 +127,16 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return built
 
 
+def assert_hooked_once(database_url: str, app: Path, action_id: int) -> None:
+    """The application's webhook ran once for the action, which ended DONE with the webhook's reference."""
+    engine = create_engine(database_url)
+    with engine.connect() as conn:
+        done = conn.execute(text("SELECT state, readback_ref FROM agent_action WHERE id = :id"), {"id": action_id})
+        assert done.one() == ("DONE", f"hook-{action_id}")
+    engine.dispose()
+    assert (app / "calls.txt").read_text() == f"{action_id}\n"
+
+
 def test_the_wheel_adds_one_import_name_and_lean_dependencies(wheel: Path) -> None:
     with zipfile.ZipFile(wheel) as archive:
         names = archive.namelist()
@@ -203,12 +213,7 @@ def test_installed_without_extras_it_migrates_enqueues_and_runs(
     action_id = int(run(python, "enqueue.py", empty_database_url, libpq).stdout)
     run(outbox, "run", "--adapters", "shop:adapters", "--max-actions", "1", "--database-url", empty_database_url)
 
-    engine = create_engine(empty_database_url)
-    with engine.connect() as conn:
-        ended = conn.execute(text("SELECT state, readback_ref FROM agent_action WHERE id = :id"), {"id": action_id})
-        assert ended.one() == ("DONE", f"hook-{action_id}")
-    engine.dispose()
-    assert (app / "calls.txt").read_text() == f"{action_id}\n"
+    assert_hooked_once(empty_database_url, app, action_id)
 
 
 def test_prefect_loads_the_wheels_flows_by_module_entrypoint(wheel: Path, tmp_path: Path) -> None:
@@ -316,9 +321,4 @@ def test_installed_with_prefect_it_deploys_from_an_empty_folder_and_a_worker_run
     # the SIGTERM reached the supervisor: it stopped the worker in order, without a traceback
     assert worker.returncode == 0 and "stopping: the worker takes no new run" in worker_log(), worker_log()
     assert "Traceback" not in worker_log(), worker_log()
-    engine = create_engine(empty_database_url)
-    with engine.connect() as conn:
-        done = conn.execute(text("SELECT state, readback_ref FROM agent_action WHERE id = :id"), {"id": action_id})
-        assert done.one() == ("DONE", f"hook-{action_id}")
-    engine.dispose()
-    assert (app / "calls.txt").read_text() == f"{action_id}\n"
+    assert_hooked_once(empty_database_url, app, action_id)
