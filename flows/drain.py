@@ -130,23 +130,21 @@ async def _drain(
         carried_out = list(load_adapters(adapters)(engine))
         executor = Executor(engine, carried_out, config)
         await require_declared(engine, (adapter.kind for adapter in carried_out))
-    except BaseException:
-        await engine.dispose()
-        raise
-    logger.info("%s", start_line(executor.kinds, shown_url(make_url(url)), config))
-    executor.outcomes.listeners.append(emit_ended)
-    started = asyncio.get_running_loop().time()
-    watchers = [
-        asyncio.create_task(_stop_on(stop_requested, executor, logger)),
-        asyncio.create_task(tag_when_claiming(executor, settings.environment, logger)),
-        asyncio.create_task(hand_over_when_relieved(executor, logger)),
-    ]
-    try:
-        outcomes = await executor.run(max_actions=max_actions, max_seconds=max_seconds)
+        logger.info("%s", start_line(executor.kinds, shown_url(make_url(url)), config))
+        executor.outcomes.listeners.append(emit_ended)
+        started = asyncio.get_running_loop().time()
+        watchers = [
+            asyncio.create_task(_stop_on(stop_requested, executor, logger)),
+            asyncio.create_task(tag_when_claiming(executor, settings.environment, logger)),
+            asyncio.create_task(hand_over_when_relieved(executor, logger)),
+        ]
+        try:
+            outcomes = await executor.run(max_actions=max_actions, max_seconds=max_seconds)
+        finally:
+            for watcher in watchers:
+                watcher.cancel()
+            await asyncio.gather(*watchers, return_exceptions=True)
     finally:
-        for watcher in watchers:
-            watcher.cancel()
-        await asyncio.gather(*watchers, return_exceptions=True)
         await engine.dispose()
     seconds = asyncio.get_running_loop().time() - started
     summary = summarize(outcomes, seconds)
