@@ -22,11 +22,13 @@ check: venv
 	$(BIN)/mypy --strict outbox flows demo
 	$(BIN)/lint-imports
 
-# Debian packages the tests use: prometheus (promtool and a real scrape), chromium (the Prefect UI)
+# Debian packages the tests use: prometheus (promtool and a real scrape), chromium (the Prefect UI),
+# pgbouncer (the executor, the enqueue and the commands behind a pooler)
 system-packages:
-	@if ! command -v promtool >/dev/null || ! command -v prometheus >/dev/null || ! command -v chromium >/dev/null; then \
+	@if ! command -v promtool >/dev/null || ! command -v prometheus >/dev/null || ! command -v chromium >/dev/null \
+		|| ! test -x /usr/sbin/pgbouncer; then \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-			prometheus chromium >/dev/null; \
+			prometheus chromium pgbouncer >/dev/null; \
 	fi
 
 test: system-packages check
