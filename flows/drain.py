@@ -128,7 +128,7 @@ async def _drain(
     config = ExecutorConfig(concurrency=concurrency, lease_seconds=settings.lease_seconds)
     try:
         carried_out = list(load_adapters(adapters)(engine))
-        executor = Executor(engine, carried_out, config)
+        executor = Executor(engine, carried_out, config, listen_url=settings.listen_database_url)
         await require_declared(engine, (adapter.kind for adapter in carried_out))
         logger.info("%s", start_line(executor.kinds, shown_url(make_url(url)), config))
         executor.outcomes.listeners.append(emit_ended)

@@ -7,17 +7,24 @@ that accepts the connection and never answers) and, when given one, cancels a st
 than `statement_timeout` seconds (none by default: a library caller bounds its own work; the `outbox`
 commands pass 30 s). Both travel in the engine's URL, so a connection made from `engine.url` has them too.
 A URL is shown only as `shown_url` renders it: its password as ***.
+
+A URL may name several servers, as libpq's does (`postgresql://u@db1:5432,db2:5432/app?target_session_attrs=
+read-write`): a connection tries them in turn and keeps the first that accepts writes, so after a failover
+outbox reconnects to the promoted server. Every engine opens its connections by `outbox.connection`'s rules
+(bounded TCP waits; behind a connection pooler, no server-side prepared statements).
 """
 
 from __future__ import annotations
 
 import math
+import re
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import URL, Engine, create_engine
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError
 
+from outbox import connection
 from outbox.defaults import SETTINGS
 from outbox.errors import OutboxError
 from outbox.masking import hide, hide_credentials
@@ -40,9 +47,24 @@ def shown_url(url: URL) -> str:
     return hide_credentials(url.render_as_string(hide_password=False))
 
 
+# scheme, user information, then a comma-separated list of host[:port] (libpq's multi-host URL)
+_HOST_LIST = re.compile(r"^(?P<scheme>[\w+.-]+://)(?P<user>[^@/?]*@)?(?P<hosts>[^/?@]*,[^/?@]*)(?P<rest>[/?].*)?$")
+
+
+def _with_host_list(url: str) -> str:
+    """A libpq multi-host URL in SQLAlchemy's spelling (`@/db?host=h1:p1&host=h2:p2`); any other as it is."""
+    found = _HOST_LIST.match(url.strip())
+    if found is None:
+        return url
+    rest = found["rest"] or "/"
+    path, _, query = rest.partition("?")
+    hosts = "&".join(f"host={host.strip()}" for host in found["hosts"].split(",") if host.strip())
+    return f"{found['scheme']}{found['user'] or ''}{path or '/'}?{hosts}{'&' + query if query else ''}"
+
+
 def _parse(url: str) -> URL:
     try:
-        parsed = make_url(url)
+        parsed = make_url(_with_host_list(url))
     except ArgumentError:
         raise InvalidDatabaseUrl(
             "the database URL is not a URL; write postgresql://user:password@host:port/database"
@@ -90,7 +112,9 @@ def sync_engine(
     **options: Any,
 ) -> Engine:
     bound = engine_url(url, connect_timeout=connect_timeout, statement_timeout=statement_timeout)
-    return create_engine(bound, **options)
+    engine = create_engine(bound, **options)
+    connection.install(engine)
+    return engine
 
 
 def async_engine(
@@ -103,12 +127,28 @@ def async_engine(
     from sqlalchemy.ext.asyncio import create_async_engine  # loaded by the executor, not by the operator commands
 
     bound = engine_url(url, connect_timeout=connect_timeout, statement_timeout=statement_timeout)
-    return create_async_engine(bound, **options)
+    engine = create_async_engine(bound, **options)
+    connection.install(engine)
+    return engine
 
 
-def libpq_url(engine: AsyncEngine | Engine) -> str:
-    """The engine's database as a libpq URL, its timeouts included, for a psycopg connection of one's own."""
-    return engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
+def conninfo(engine: AsyncEngine | Engine) -> str:
+    """The engine's database as libpq connection parameters (`host=... dbname=...`), its timeouts and every
+    host of a multi-host URL included, for a psycopg connection of one's own (`outbox.connection`)."""
+    return _conninfo(engine.url)
+
+
+def url_conninfo(url: str, *, connect_timeout: float | None = CONNECT_TIMEOUT_SECONDS) -> str:
+    """`url` (any PostgreSQL URL outbox reads) as libpq connection parameters, with its connect timeout."""
+    return _conninfo(engine_url(url, connect_timeout=connect_timeout, statement_timeout=None))
+
+
+def _conninfo(url: URL) -> str:
+    from psycopg.conninfo import make_conninfo
+    from sqlalchemy.dialects.postgresql.psycopg import PGDialect_psycopg
+
+    _, params = PGDialect_psycopg().create_connect_args(url)  # type: ignore[no-untyped-call]
+    return make_conninfo(**params)
 
 
 def fault_text(error: BaseException, password: object = None) -> str:

@@ -23,6 +23,10 @@ ENV_PREFIX = "OUTBOX_"
 class SettingDefaults:
     # SQLAlchemy URL of the outbox database; unset, every command but `outbox demo` refuses to start
     database_url: str | None = None
+    # URL the executors LISTEN on for new actions when OUTBOX_DATABASE_URL goes through a connection pooler
+    # in transaction mode (where LISTEN does not last): a direct connection, or the pooler in session mode.
+    # Unset behind such a pooler, the executors poll every second instead
+    listen_database_url: str | None = None
     # seconds to wait for a connection to the database (libpq waits at least 2)
     connect_timeout_seconds: int = 10
     # seconds one statement may run (0: no limit)

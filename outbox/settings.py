@@ -21,6 +21,7 @@ class Settings(BaseSettings):
 
     # what each setting means: `outbox.defaults.SettingDefaults`
     database_url: str | None = SETTINGS.database_url
+    listen_database_url: str | None = SETTINGS.listen_database_url
     # code that builds its engines from these settings passes both timeouts to `outbox.db.sync_engine` /
     # `async_engine` through `engine_timeouts`
     connect_timeout_seconds: float = SETTINGS.connect_timeout_seconds

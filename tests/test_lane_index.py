@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from sqlalchemy import Engine, text
 
 import outbox
-from outbox.db import libpq_url
+from outbox.db import conninfo
 from outbox.executor.claimed import AttemptReport, FinishWrite
 from outbox.executor.store import ExecutorStore, Write
 from tests import kinds
@@ -83,7 +83,7 @@ def ids(engine: Engine, states: tuple[str, ...]) -> list[int]:
 
 
 async def play(engine: Engine, operations: list[tuple[Any, ...]]) -> None:
-    store = ExecutorStore(libpq_url(engine))
+    store = ExecutorStore(conninfo(engine))
     claimed: dict[int, Any] = {}
     try:
         for number, operation in enumerate(operations):

@@ -19,7 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from outbox.db import libpq_url
+from outbox.db import conninfo
 from outbox.executor import Abandoned, ActionAttempt, Done, Executor, Failed, Result, Retry, Uncertain
 from outbox.executor.store import ExecutorStore
 from outbox.kinds import ActionKind
@@ -186,7 +186,7 @@ async def test_due_counts_what_an_executor_could_claim_now(engine: Engine, aengi
     assert value(found, "outbox_due_actions", kind=once) == 0
     assert value(found, "outbox_oldest_due_age_seconds", kind=once) == 0
 
-    store = ExecutorStore(libpq_url(aengine))
+    store = ExecutorStore(conninfo(aengine))
     try:
         names = [k.name for k in kinds.ALL]
         claimed = await store.claim(100, 300, names)

@@ -14,6 +14,7 @@ from outbox.cli.options import (
     finite,
     printable,
 )
+from outbox.defaults import setting_variable
 from outbox.executor.config import DEFAULTS
 from outbox.limits import MAX_PAGE
 
@@ -54,6 +55,13 @@ def run(
         callback=finite,
         help="A claim's lease in seconds (more than the 60 s write window).",
     ),
+    listen_database_url: str | None = typer.Option(
+        None,
+        envvar=setting_variable("listen_database_url"),
+        show_envvar=True,
+        help="URL to LISTEN on for new actions when --database-url goes through a pooler in transaction mode:"
+        " a direct connection, or the pooler in session mode (unset there: poll every second).",
+    ),
     max_actions: int | None = typer.Option(None, min=1, max=MAX_BIGINT, help="Stop after claiming this many actions."),
     max_seconds: float | None = typer.Option(
         None, min=0, max=MAX_SECONDS, callback=finite, help="Stop claiming after this many seconds."
@@ -78,7 +86,7 @@ def run(
     log_to_stderr()
     migrated_engine(db).dispose()
     try:
-        outcomes = asyncio.run(_run(db, factory, config, max_actions, max_seconds))
+        outcomes = asyncio.run(_run(db, factory, config, max_actions, max_seconds, listen_database_url))
     except KindsNotDeclared as refused:  # one line per kind, then nothing claimed
         for line in refused.lines:
             typer.echo(f"error: {printable(line)}", err=True)
@@ -87,7 +95,12 @@ def run(
 
 
 async def _run(
-    db: Database, factory: AdapterFactory, config: ExecutorConfig, max_actions: int | None, max_seconds: float | None
+    db: Database,
+    factory: AdapterFactory,
+    config: ExecutorConfig,
+    max_actions: int | None,
+    max_seconds: float | None,
+    listen_url: str | None,
 ) -> Outcomes:
     import asyncio
     import logging
@@ -109,7 +122,7 @@ async def _run(
     )
     try:
         adapters = list(factory(engine))
-        executor = Executor(engine, adapters, config)
+        executor = Executor(engine, adapters, config, listen_url=listen_url)
         await require_declared(engine, (adapter.kind for adapter in adapters))
         logging.getLogger("outbox.run").info("%s", start_line(executor.kinds, shown_url(make_url(db.url)), config))
         loop = asyncio.get_running_loop()

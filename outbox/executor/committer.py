@@ -14,8 +14,8 @@ resolves only after its transaction committed: a provider call starts after its 
     every TALLY_MERGE_SECONDS, beside the batches ──▶ one short transaction of its own: merge_tallies
         (the tally rows folded into one per label set; skipped while another executor merges)
 
-The merge runs as its own task on its own pooled connection, so a batch never waits for it; it locks only
-tally rows (SKIP LOCKED), which the batches only insert, so it never waits for a batch either.
+The merge runs as its own task on its own connection, so a batch never waits for it; it locks only tally
+rows (SKIP LOCKED), which the batches only insert, so it never waits for a batch either.
 """
 
 from __future__ import annotations
@@ -28,13 +28,12 @@ from dataclasses import dataclass, field
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from outbox.db import fault_text, libpq_url
+from outbox.db import conninfo, fault_text
 from outbox.executor.attempt import TraceValue
 from outbox.executor.claimed import AttemptReport, ClaimedAction, FinishWrite
 from outbox.executor.config import WRITE_WINDOW_SECONDS
 from outbox.executor.store import ExecutorStore, Write, WriteOutcome
 from outbox.faults import own_database_fault
-from outbox.store import metrics as store_metrics
 
 log = logging.getLogger("outbox.executor")
 
@@ -59,8 +58,8 @@ class _Pending:
 
 class Committer:
     def __init__(self, engine: AsyncEngine) -> None:
-        self._engine = engine
-        self._store = ExecutorStore(libpq_url(engine))
+        self._store = ExecutorStore(conninfo(engine))
+        self._merge_store = ExecutorStore(conninfo(engine))
         self._queue: list[_Pending] = []
         self._arrived = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -100,6 +99,7 @@ class Committer:
                     pending.future.set_exception(ConnectionError("the database was unreachable until shutdown"))
             self._queue.clear()
         await self._store.close()
+        await self._merge_store.close()
 
     async def begin_write(self, action: ClaimedAction, trace: Mapping[str, TraceValue] | None = None) -> str | None:
         """The fence, with the attempt's trace: None when it committed, else the reason it refused."""
@@ -126,9 +126,7 @@ class Committer:
         """Merge the tally rows now, in a transaction of its own; False when another executor was merging
         or the merge failed (the next one does the work: every row is kept until it is merged)."""
         try:
-            async with self._engine.begin() as conn:
-                await conn.execute(store_metrics.BOUND_MERGE, {"ms": _MERGE_TIMEOUT_MS})
-                merged = await conn.run_sync(store_metrics.merge_tallies)
+            merged = await self._merge_store.merge_tallies(_MERGE_TIMEOUT_MS)
         except Exception as error:
             if not own_database_fault(error):
                 log.warning("could not merge the metric tallies; the next merge will: %s", error)

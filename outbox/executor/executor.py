@@ -41,7 +41,8 @@ from typing import TypeVar
 import psycopg
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from outbox.db import fault_text, libpq_url
+from outbox.connection import connect_async
+from outbox.db import conninfo, fault_text, url_conninfo
 from outbox.executor.adapter import ActionAdapter
 from outbox.executor.attempt import ActionAttempt, FenceRefused
 from outbox.executor.backoff import own_fault_delay, retry_delay
@@ -61,7 +62,7 @@ from outbox.executor.results import (
     Uncertain,
     result_name,
 )
-from outbox.executor.store import ExecutorStore
+from outbox.executor.store import CALL_SECONDS, ExecutorStore
 from outbox.faults import own_database_fault
 from outbox.kinds import ActionKind
 from outbox.states import ActionState, StopReason
@@ -73,6 +74,8 @@ _STOPPING = "the executor is stopping"
 _T = TypeVar("_T")
 # how long a busy executor waits for more free slots before it claims for the few it has
 GATHER_SECONDS = 0.005
+# how long the enqueue listener hears nothing before it checks that its connection still answers
+LISTEN_CHECK_SECONDS = 30.0
 
 
 class Executor:
@@ -83,9 +86,16 @@ class Executor:
         config: ExecutorConfig | None = None,
         *,
         listen: bool = True,
+        listen_url: str | None = None,
     ) -> None:
+        """`listen`: wake on an enqueue's NOTIFY (else poll every `config.poll_seconds` only). `listen_url`:
+        the database URL to LISTEN on (`OUTBOX_LISTEN_DATABASE_URL`: a direct connection, or a pooler in
+        session mode) when the engine's connections go through a pooler in transaction mode, where a LISTEN
+        would silently stop hearing. None: the engine's own URL, unless its connections go through a pooler;
+        then the executor polls."""
         self._engine = engine
-        self._store = ExecutorStore(libpq_url(engine))
+        self._listen_url = url_conninfo(listen_url) if listen_url else None
+        self._store = ExecutorStore(conninfo(engine))
         self._adapters: dict[str, ActionAdapter] = {}
         for adapter in adapters:
             if adapter.kind.name in self._adapters:
@@ -233,17 +243,32 @@ class Executor:
             return None
 
     async def _listen_for_enqueues(self) -> None:
-        """Wake on NOTIFY from an enqueue's commit; on any failure, reconnect (polling covers the gap)."""
-        url = libpq_url(self._engine)
+        """Wake on NOTIFY from an enqueue's commit; on any failure, reconnect (polling covers the gap).
+
+        A connection that heard nothing for LISTEN_CHECK_SECONDS is asked for a `SELECT 1`: a network that
+        dropped it without a word (a proxy or pooler still acknowledging) would otherwise leave the listener
+        deaf for good. Behind a pooler without `listen_url`, the executor does not listen: it polls."""
+        url = self._listen_url or conninfo(self._engine)
         while True:
             try:
-                async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+                async with await connect_async(url, autocommit=True) as conn:
+                    if self._listen_url is None and conn.prepare_threshold is None:
+                        log.info(
+                            "the database is reached through a connection pooler, where LISTEN does not last:"
+                            " polling every %g s (set OUTBOX_LISTEN_DATABASE_URL to a direct connection to"
+                            " wake at once)",
+                            self.config.poll_seconds,
+                        )
+                        return
                     await conn.execute(f"LISTEN {store.NOTIFY_CHANNEL}")
-                    async for _ in conn.notifies():
-                        if self._wake is not None:
-                            self._wake.set()
-            except psycopg.Error as error:
-                log.info("notification listener lost its connection (%s); polling meanwhile", error)
+                    while True:
+                        async for _ in conn.notifies(timeout=LISTEN_CHECK_SECONDS):
+                            if self._wake is not None:
+                                self._wake.set()
+                        async with asyncio.timeout(CALL_SECONDS):
+                            await conn.execute("SELECT 1")
+            except (psycopg.Error, TimeoutError) as error:
+                log.info("notification listener lost its connection (%s); polling meanwhile", error or "no answer")
                 await asyncio.sleep(self.config.poll_seconds)
 
     # ---- one attempt -----------------------------------------------------------------------------

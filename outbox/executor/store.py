@@ -11,20 +11,29 @@ Every call is one statement in a transaction of its own (the connection is in au
 transaction ever sits idle holding row locks: a frozen executor (SIGSTOP, a stalled VM) holds nothing, and
 an application's enqueue into its lanes never waits for it. The parameters and the mapping of rows to
 objects live here, beside the calls.
+
+Every call has an answer within CALL_SECONDS or fails as a lost connection: its statements never wait for a
+lock (SKIP LOCKED) and take milliseconds, so a call without an answer means a database or a network that
+stopped answering, which neither a statement timeout (the server's) nor TCP (a pooler or a proxy keeps
+acknowledging) may ever report. The connection is then closed unread, and the next call opens a new one
+(`outbox.connection.connect_async`: through a pooler, nothing is prepared on the server).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 from psycopg.rows import namedtuple_row
 from sqlalchemy import TextClause
 
+from outbox.connection import connect_async
 from outbox.executor.attempt import TraceValue
 from outbox.executor.claimed import AttemptReport, ClaimedAction, FinishWrite
 from outbox.executor.outcomes import EndedAction
@@ -38,6 +47,10 @@ from outbox.store.executor import (
     LATENCY_BUCKETS,
     TAKE_BACK_EXPIRED_LEASES,
 )
+
+_T = TypeVar("_T")
+# the longest an executor call waits for the database's answer; then its connection counts as lost
+CALL_SECONDS = 10.0
 
 
 @dataclass(frozen=True)
@@ -78,10 +91,11 @@ def bucket(seconds: float) -> float:
 class ExecutorStore:
     """The executor's statements, each a transaction of its own, on a connection this store holds.
 
-    The connection is psycopg's own, opened from `url` (a libpq URL: `outbox.db.libpq_url` of the executor's
-    engine, timeouts included) on first use, in autocommit, and kept: a claim or a group commit costs one
-    round trip and no pool checkout. A lost connection raises psycopg's OperationalError (an own fault,
-    `outbox.faults.own_database_fault`) and is opened again by the next call.
+    The connection is psycopg's own, opened from `url` (libpq parameters: `outbox.db.conninfo` of the
+    executor's engine, timeouts included) on first use, in autocommit, and kept: a claim or a group commit
+    costs one round trip and no pool checkout. A lost connection, or a call with no answer within
+    CALL_SECONDS, raises psycopg's OperationalError (an own fault, `outbox.faults.own_database_fault`); the
+    next call opens a new connection.
     """
 
     def __init__(self, url: str) -> None:
@@ -95,17 +109,48 @@ class ExecutorStore:
 
     async def _connection(self) -> psycopg.AsyncConnection[Any]:
         if self._conn is None or self._conn.closed:
-            self._conn = await psycopg.AsyncConnection.connect(self._url, autocommit=True, row_factory=namedtuple_row)
+            self._conn = await connect_async(self._url, autocommit=True, row_factory=namedtuple_row)
         return self._conn
 
     async def _rows(self, statement: TextClause, params: dict[str, Any]) -> list[Any]:
+        return await self._bounded(lambda conn: _fetch(conn, statement, params))
+
+    async def _bounded(self, work: Callable[[psycopg.AsyncConnection[Any]], Awaitable[_T]]) -> _T:
+        """`work` on this store's connection, answered within CALL_SECONDS or failed as a lost connection."""
         conn = await self._connection()
         try:
-            cursor = await conn.execute(psycopg_sql(statement), params)
-            return await cursor.fetchall() if cursor.description is not None else []
+            async with asyncio.timeout(CALL_SECONDS):
+                return await work(conn)
+        except TimeoutError:
+            self._abandon()
+            raise psycopg.OperationalError(f"the database did not answer within {CALL_SECONDS:g} s") from None
         except (psycopg.OperationalError, psycopg.InterfaceError):
             await self.close()
             raise
+
+    def _abandon(self) -> None:
+        """Drop the connection without a word to the server: it did not answer, so a goodbye might not
+        return either. The server ends the session when its socket closes."""
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                conn.pgconn.finish()
+
+    async def merge_tallies(self, bound_ms: int) -> bool:
+        """Fold the tally rows in one transaction whose every statement and pause is bounded by `bound_ms`;
+        False, without waiting, when another executor is merging."""
+
+        async def merge(conn: psycopg.AsyncConnection[Any]) -> bool:
+            async with conn.transaction():
+                await _fetch(conn, store_metrics.BOUND_MERGE, {"ms": bound_ms})
+                lock = store_metrics.TRY_TALLY_MERGE_LOCK
+                if not (await _fetch(conn, lock, {"key": store_metrics.TALLY_MERGE_LOCK}))[0][0]:
+                    return False
+                for statement in store_metrics.MERGE_TALLIES:
+                    await _fetch(conn, statement, {})
+                return True
+
+        return await self._bounded(merge)
 
     async def claim(self, limit: int, lease_seconds: float, kinds: list[str]) -> list[ClaimedAction]:
         """Up to `limit` ready lane heads of `kinds`, claimed under a lease of `lease_seconds`."""
@@ -138,6 +183,11 @@ class ExecutorStore:
         rows = await self._rows(COMMIT_WRITES, {"writes": encoded, "window_seconds": window_seconds})
         found = {row.id: WriteOutcome(row.outcome, row.found_epoch, row.found_state) for row in rows}
         return [found[write.action.id] for write in writes]
+
+
+async def _fetch(conn: psycopg.AsyncConnection[Any], statement: TextClause, params: Mapping[str, Any]) -> list[Any]:
+    cursor = await conn.execute(psycopg_sql(statement), params)
+    return await cursor.fetchall() if cursor.description is not None else []
 
 
 def _write_row(write: Write) -> list[Any]:

@@ -45,6 +45,7 @@ from prometheus_client.registry import Collector
 from sqlalchemy import Connection, Engine, event
 from sqlalchemy.exc import DBAPIError
 
+from outbox.connection import TCP_BOUNDS
 from outbox.db import fault_text, shown_url
 from outbox.executor.results import RESULT_NAMES
 from outbox.kinds import ActionKind
@@ -66,15 +67,6 @@ LATENCY_METRICS = {
 # A host that does not complete the handshake fails the exporter's connection after 2 s, also when its URL
 # allows longer (a scrape waits `wait_seconds` at most: a longer handshake would only hold a thread).
 CONNECT_TIMEOUT_SECONDS = 2
-# libpq settings of the exporter's connections, unless its URL sets them: a host that stops acknowledging
-# (gone from the network) fails the connection after about 5 s, instead of the system's minutes.
-CONNECT_ARGS: dict[str, Any] = {
-    "keepalives": 1,
-    "keepalives_idle": 5,
-    "keepalives_interval": 2,
-    "keepalives_count": 2,
-    "tcp_user_timeout": 5000,
-}
 # snapshots started that never ended (their database stopped answering mid-way) before no new one starts
 MAX_UNANSWERED = 2
 
@@ -239,9 +231,11 @@ def _where(engine: Engine) -> str:
 
 def bound_connections(engine: Engine) -> None:
     """Give the engine's new connections a connect timeout of at most CONNECT_TIMEOUT_SECONDS, and
-    CONNECT_ARGS except what its URL sets itself."""
+    `outbox.connection.TCP_BOUNDS` except what its URL sets itself (a host that stops acknowledging fails the
+    connection after about 5 s, instead of the system's minutes). First among the engine's connect hooks, so
+    that an engine of `outbox.db`, which connects in its own hook, connects with these."""
     if not event.contains(engine, "do_connect", _bound_connect):
-        event.listen(engine, "do_connect", _bound_connect)
+        event.listen(engine, "do_connect", _bound_connect, insert=True)
 
 
 def _bound_connect(dialect: Any, record: Any, cargs: Any, cparams: dict[str, Any]) -> None:
@@ -252,7 +246,7 @@ def _bound_connect(dialect: Any, record: Any, cargs: Any, cparams: dict[str, Any
         seconds = math.inf
     # libpq reads 0 (or less) as "wait forever"
     cparams["connect_timeout"] = CONNECT_TIMEOUT_SECONDS if not 0 < seconds < CONNECT_TIMEOUT_SECONDS else given
-    for name, setting in CONNECT_ARGS.items():
+    for name, setting in TCP_BOUNDS.items():
         cparams.setdefault(name, setting)
 
 

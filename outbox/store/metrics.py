@@ -50,8 +50,11 @@ MERGE_ENDED_TALLIES = _merge_tally("agent_action_ended_tally", ("kind", "state",
 MERGE_LATENCY_TALLIES = _merge_tally("agent_action_latency_tally", ("kind", "metric", "le"), ("n", "total"))
 MERGE_TALLIES = (MERGE_ATTEMPT_TALLIES, MERGE_ENDED_TALLIES, MERGE_LATENCY_TALLIES)
 # a merge in a transaction of its own: how long it may run, and wait for a lock (milliseconds)
+# a merge's transaction: each statement, each lock wait and each pause between statements at most :ms (a
+# merging executor that freezes or loses its network mid-way holds the tally rows no longer than that)
 BOUND_MERGE = text("""
-SELECT set_config('statement_timeout', CAST(:ms AS text), true), set_config('lock_timeout', CAST(:ms AS text), true)
+SELECT set_config('statement_timeout', CAST(:ms AS text), true), set_config('lock_timeout', CAST(:ms AS text), true),
+       set_config('idle_in_transaction_session_timeout', CAST(:ms AS text), true)
 """)
 
 
