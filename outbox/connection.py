@@ -29,11 +29,13 @@ from __future__ import annotations
 
 import logging
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 from sqlalchemy import Engine, event
-from sqlalchemy.ext.asyncio import AsyncEngine
+
+if TYPE_CHECKING:  # the operator commands load no asyncio layer
+    from sqlalchemy.ext.asyncio import AsyncEngine
 
 log = logging.getLogger("outbox.db")
 
@@ -138,7 +140,7 @@ async def connect_async(conninfo: str, **kwargs: Any) -> psycopg.AsyncConnection
 
 def install(engine: Engine | AsyncEngine) -> None:
     """Open every new connection of `engine` by the rules above."""
-    sync = engine.sync_engine if isinstance(engine, AsyncEngine) else engine
+    sync = engine if isinstance(engine, Engine) else engine.sync_engine
     event.listen(sync, "do_connect", _do_connect)
     event.listen(sync, "connect", _on_connect)
 
