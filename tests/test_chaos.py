@@ -1,9 +1,11 @@
 """Proof under faults: a seeded chaos run (`tests/chaos/`) breaks no invariant.
 
-The default run includes one short run: 1 minute of faults against 4 executor processes, a real SMTP sink
+The default run includes two short runs: 90 s of faults against 4 executor processes, a real SMTP sink
 and PostgreSQL (its own, restartable, unless OUTBOX_TEST_DATABASE_URL names a server: then every fault but
-the restart), then up to a few minutes for the leases of killed and frozen holders to expire and the store
-to settle: about 3 minutes in all. The run happens once, in a module-scoped fixture; each test below reads
+the restart), each executor reaching it through a network relay of its own that drops, delays or resets its
+packets at times; then up to a few minutes for the leases of killed, frozen and cut-off holders to expire
+and the store to settle: about 3 minutes each. The second run puts a PgBouncer in transaction pooling
+between the relays and PostgreSQL. Each run happens once, in a module-scoped fixture; each test below reads
 one invariant from its report. A long run is `python -m tests.chaos --seed N --minutes 30`, or these tests'
 `chaos_long` instances with OUTBOX_CHAOS_MINUTES and OUTBOX_CHAOS_SEED set.
 
@@ -24,7 +26,14 @@ from tests.chaos.report import Report, render
 from tests.chaos.runner import run_chaos
 
 SHORT_SEED = 20261130
+# long enough for both past-the-lease faults (75 s each) besides the two brinks (68 s each): 4 executors
+SHORT_MINUTES = 1.5
 PROCESS_FAULTS = ("SIGKILL", "SIGSTOP short", "SIGSTOP past the lease")
+NETWORK_FAULTS = ("network cut", "network delay", "network blackhole short", "network blackhole past the lease")
+# a blackholed executor's statements are bounded client-side: it finds the database unreachable within this
+NOTICE_SECONDS = 20.0
+# and once the network is back, it beats again within this
+BEAT_AGAIN_SECONDS = 30.0
 BRINK_LATE_WRITE = "read-back write by a holder that had lost its lease (brink, on purpose)"
 
 
@@ -45,18 +54,25 @@ LONG = pytest.mark.skipif("OUTBOX_CHAOS_MINUTES" not in os.environ, reason="a lo
     scope="module",
     params=[
         pytest.param("short", marks=pytest.mark.chaos),
+        pytest.param("short-pooler", marks=pytest.mark.chaos),
         pytest.param("long", marks=[pytest.mark.chaos_long, LONG]),
     ],
 )
 def run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Run:
-    """One chaos run per module: the short seeded one, or the long one OUTBOX_CHAOS_MINUTES asks for."""
+    """One chaos run per module: the short seeded one (directly, or behind a transaction pooler), or the long
+    one OUTBOX_CHAOS_MINUTES asks for (OUTBOX_CHAOS_POOLER: behind a pooler in that mode)."""
+    pooler = os.environ.get("OUTBOX_CHAOS_POOLER") or None
     if request.param == "short":
-        seed, minutes = SHORT_SEED, 1.0
+        seed, minutes, pooler = SHORT_SEED, SHORT_MINUTES, None
+    elif request.param == "short-pooler":
+        seed, minutes, pooler = SHORT_SEED, SHORT_MINUTES, "transaction"
     else:
         seed, minutes = int(os.environ.get("OUTBOX_CHAOS_SEED", "1")), float(os.environ["OUTBOX_CHAOS_MINUTES"])
     server = os.environ.get("OUTBOX_TEST_DATABASE_URL")
     work_dir = tmp_path_factory.mktemp(f"chaos-{request.param}")
-    config = ChaosConfig(seed=seed, minutes=minutes, server_url=server, work_dir=work_dir, log=lambda _: None)
+    config = ChaosConfig(
+        seed=seed, minutes=minutes, server_url=server, pooler=pooler, work_dir=work_dir, log=lambda _: None
+    )
     report = run_chaos(config)
     print(render(report))
     return Run(report, restartable=server is None)
@@ -65,7 +81,7 @@ def run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 def test_every_fault_kind_was_injected(run: Run) -> None:
     faults = run.report.faults
     injected = {name.split(" (")[0].split(":")[0] for name, n in faults.items() if n and "skipped" not in name}
-    expected = {*PROCESS_FAULTS, "relay", "pg_terminate_backend", "brink", "erasure"}
+    expected = {*PROCESS_FAULTS, *NETWORK_FAULTS, "relay", "pg_terminate_backend", "brink", "erasure"}
     if run.restartable:
         expected.add("PostgreSQL restart")
     assert expected <= injected, run.table
@@ -107,3 +123,21 @@ def test_every_executor_stopped_with_exit_0(run: Run) -> None:
 
 def test_no_executor_exited_on_its_own(run: Run) -> None:
     assert not run.report.unexpected_exits, run.table
+
+
+def test_every_blackholed_executor_noticed_within_seconds(run: Run) -> None:
+    """Cut off with no RST and no FIN, an executor finds the database unreachable (it logs so) within seconds:
+    its statements are bounded client-side."""
+    blackholes = [p for p in run.report.partitions if p.kind.startswith("blackhole")]
+    assert blackholes, run.table
+    for partition in blackholes:
+        assert partition.noticed_after is not None, run.table
+        assert partition.noticed_after <= NOTICE_SECONDS, run.table
+
+
+def test_every_cut_off_executor_beat_again_after_the_network_came_back(run: Run) -> None:
+    partitions = run.report.partitions
+    assert {p.kind for p in partitions} >= {"blackhole past the lease", "blackhole short", "delay", "cut"}, run.table
+    for partition in partitions:
+        assert partition.beat_after_end is not None, run.table
+        assert partition.beat_after_end <= BEAT_AGAIN_SECONDS, run.table

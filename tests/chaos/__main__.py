@@ -1,4 +1,5 @@
-"""`python -m tests.chaos --seed N --minutes M [--json out.json]`: one chaos run, its report on stdout."""
+"""`python -m tests.chaos --seed N --minutes M [--pooler transaction|session] [--json out.json]`: one chaos run,
+its report on stdout."""
 
 from __future__ import annotations
 
@@ -24,6 +25,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--minutes", type=float, required=True, help="how long faults are injected")
     parser.add_argument("--rate", type=float, default=15.0, help="actions enqueued per second")
     parser.add_argument("--fault-gap", type=float, default=3.0, help="mean seconds between faults")
+    parser.add_argument(
+        "--pooler",
+        choices=["transaction", "session"],
+        default=None,
+        help="executors reach PostgreSQL through a PgBouncer in this pool mode",
+    )
     parser.add_argument("--work-dir", type=Path, default=None, help="journals and executor logs (kept)")
     parser.add_argument("--json", type=Path, default=None, help="also write the report as JSON")
     args = parser.parse_args(argv)
@@ -33,6 +40,7 @@ def main(argv: list[str] | None = None) -> int:
         rate=args.rate,
         mean_fault_gap=args.fault_gap,
         server_url=os.environ.get("OUTBOX_CHAOS_DATABASE_URL"),
+        pooler=args.pooler,
         work_dir=args.work_dir,
         log=lambda line: print(line, file=sys.stderr, flush=True),
     )

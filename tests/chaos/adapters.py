@@ -2,6 +2,7 @@
 
     EMAIL          ─▶ the real EmailAdapter (examples.accounts notices, SMTP to the runner's SmtpSink)
     TEST_READBACK  ─▶ ReadbackAdapter: its "provider" is the table chaos_provider_write, one row per write
+                      (reached directly, OUTBOX_CHAOS_PROVIDER_URL, not through the executor's network)
 
 Both are wrapped by a journal: one JSON line per attempt start and end (action, epoch, attempt, whether the
 claim found an earlier write, the result, whether the attempt returned past its write window), appended to
@@ -200,8 +201,11 @@ def adapters(engine: AsyncEngine) -> list[ActionAdapter]:
     assert notices.WORKSPACE_ALERT and notices.VERIFY_ADDRESS  # registered
     _skew_clock()
     journal = Journal(os.environ.get("OUTBOX_CHAOS_JOURNAL"))
+    # the provider is another system than the outbox's database: OUTBOX_CHAOS_PROVIDER_URL, when given,
+    # reaches it directly, so a network fault between the executor and its database spares it
+    provider_url = os.environ.get("OUTBOX_CHAOS_PROVIDER_URL")
     provider = create_async_engine(
-        engine.url,
+        provider_url or engine.url,
         pool_size=4,
         max_overflow=40,
         pool_pre_ping=True,  # a provider that reconnects: a holder frozen past its lease still writes late

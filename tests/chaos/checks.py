@@ -88,6 +88,7 @@ def gather(chaos: Chaos, report: Report) -> Evidence:
     report.faults = chaos.faults
     report.kills = chaos.kills
     report.brinks = chaos.brinks
+    report.partitions = chaos.partitions
     report.unexpected_exits = chaos.unexpected_exits
     report.driver_retries = chaos.errors
     report.pg_restarts = chaos.pg_restarts

@@ -1,9 +1,11 @@
-"""Reading the executors' journals (tests.chaos.adapters.Journal): what a process held, where it froze."""
+"""Reading the executors' journals (tests.chaos.adapters.Journal): what a process held, where it froze; and
+their logs: when a process first found the database unreachable."""
 
 from __future__ import annotations
 
 import contextlib
 import json
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -35,3 +37,22 @@ def brink_of(path: Path | None) -> tuple[int | None, int | None]:
     """The last action (and its epoch) a process froze itself at the brink for."""
     brinks = [e for e in read(path) if e["e"] == "brink"]
     return (brinks[-1]["id"], brinks[-1]["epoch"]) if brinks else (None, None)
+
+
+# what an executor logs when a statement of its finds the database unavailable (the loop, the group commit)
+UNREACHABLE = ("database unavailable", "could not reach the database")
+
+
+def first_unreachable(log: Path, offset: int, skew: float) -> float | None:
+    """When (epoch seconds, this machine's clock) the executor log first says the database is unreachable,
+    after `offset`; its lines carry the process's wall clock, `skew` seconds off."""
+    if not log.exists():
+        return None
+    with log.open("rb") as file:
+        file.seek(offset)
+        text = file.read().decode(errors="replace")
+    for line in text.splitlines():
+        if any(words in line for words in UNREACHABLE):
+            with contextlib.suppress(ValueError):  # "2026-12-01 13:06:17,123 WARNING ..." (local time)
+                return datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp() - skew
+    return None

@@ -1,6 +1,6 @@
 """A TCP relay whose network can fail on demand: a partition between a client and its server, in one process.
 
-    client ──▶ 127.0.0.1:relay.port ──(mode)──▶ target host:port
+    client ──▶ 127.0.0.1:relay.port ──(mode)──▶ target host:port (or a PostgreSQL socket directory and port)
 
     pass        every chunk forwarded as it comes, both directions
     delay(s)    every chunk forwarded s seconds after it came (order kept), both directions; a new
@@ -142,6 +142,11 @@ class NetRelay:
             self._reset(conn)
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        # a reset cancels the connection's tasks: the end of this one, not an error (streams would log it)
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._relay(reader, writer)
+
+    async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         conn = _Connection(writer, broken=self.mode == "blackhole")
         self._connections.add(conn)
         self.stats.accepted += 1
@@ -155,7 +160,7 @@ class NetRelay:
         if self._delay:
             await asyncio.sleep(self._delay)
         try:
-            up_reader, conn.upstream = await asyncio.open_connection(*self.target, limit=CHUNK)
+            up_reader, conn.upstream = await self._connect()
         except OSError:
             self._reset(conn)
             return
@@ -166,6 +171,12 @@ class NetRelay:
             await asyncio.gather(self._discard(conn, reader), self._discard(conn, up_reader))
             return
         await asyncio.gather(self._pump(conn, reader, conn.upstream), self._pump(conn, up_reader, writer))
+
+    async def _connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        host, port = self.target
+        if host.startswith("/"):  # a PostgreSQL socket directory
+            return await asyncio.open_unix_connection(f"{host}/.s.PGSQL.{port}", limit=CHUNK)
+        return await asyncio.open_connection(host, port, limit=CHUNK)
 
     async def _discard(self, conn: _Connection, reader: asyncio.StreamReader) -> None:
         """Read and drop until this end gives up."""

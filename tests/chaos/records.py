@@ -1,13 +1,16 @@
-"""What a chaos run is told and what it keeps track of: its configuration, the executor slots, the kills
-and brinks it caused, the actions it enqueued and the accounts it erased."""
+"""What a chaos run is told and what it keeps track of: its configuration, the executor slots, the kills,
+brinks and network faults it caused, the actions it enqueued and the accounts it erased."""
 
 from __future__ import annotations
 
 import subprocess
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tests.chaos.netrelay import NetRelay
 
 SENDER_DOMAIN = "example.com"
 ENDED_STATES = ("DONE", "UNCERTAIN", "FAILED", "CANCELLED")
@@ -24,6 +27,7 @@ class ChaosConfig:
     brink_every: float = 240.0  # one on-purpose frozen-at-the-brink holder this often (the first two at once)
     settle_seconds: float = 360.0  # the most a run waits for the store to settle after the faults
     server_url: str | None = None  # an existing server's maintenance database; None: our own, restartable
+    pooler: str | None = None  # None, or PgBouncer's pool mode ("transaction", "session") between relays and server
     work_dir: Path | None = None
     log: Callable[[str], None] = print
 
@@ -42,6 +46,11 @@ class Slot:
     paused_until: float | None = None  # SIGSTOPped by the runner until then
     brink: Brink | None = None  # froze itself (or the relay froze it) on purpose
     down_since: float | None = None  # killed, waiting for its restart
+    # the network between this slot's process and the database: one relay per connection target
+    relays: list[NetRelay] = field(default_factory=list)
+    started_at: float = 0.0
+    beat_at: float | None = None  # the current process's first heartbeat; no fault touches it before
+    partition: Partition | None = None  # a network fault on this slot, until its process beat after it
 
 
 @dataclass
@@ -74,6 +83,28 @@ class Kill:
     def recovery(self) -> float | None:
         """Kill to every action it held taken back or ended (0 when it held none)."""
         return None if self.recovered_at is None else self.recovered_at - self.at
+
+
+@dataclass
+class Partition:
+    """A network fault on one executor's connections to the database (tests.chaos.netrelay)."""
+
+    n: int
+    kind: str  # "blackhole past the lease", "blackhole short", "delay", "cut"
+    slot: int
+    pid: int
+    at: float  # seconds into the run
+    seconds: float  # how long it lasted (0: a cut)
+    wall_at: float  # epoch seconds, this machine's clock (the database's too)
+    log: Path
+    log_offset: int  # the executor log's size when it began
+    skew: float  # the executor's wall clock is off by this much (its log lines too)
+    detail: str = ""
+    ended_at: float | None = None
+    wall_end: float | None = None
+    noticed_after: float | None = None  # its executor first logged the database unreachable, after its start
+    beat_after_end: float | None = None  # its executor's next heartbeat, after its end
+    outcome: str = ""
 
 
 @dataclass

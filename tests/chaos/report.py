@@ -8,7 +8,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from tests.chaos.records import Brink, Kill
+from tests.chaos.records import Brink, Kill, Partition
 
 
 @dataclass
@@ -26,6 +26,7 @@ class Report:
     erased: Counter[str] = field(default_factory=Counter)
     kills: list[Kill] = field(default_factory=list)
     brinks: list[Brink] = field(default_factory=list)
+    partitions: list[Partition] = field(default_factory=list)
     late_writes: Counter[str] = field(default_factory=Counter)
     late_details: list[dict[str, Any]] = field(default_factory=list)
     breaches: list[dict[str, Any]] = field(default_factory=list)
@@ -109,8 +110,10 @@ def render(report: Report) -> str:
         f" ({sum(len(k.held) for k in held)} in all). Kill to every held action taken"
         f" back or ended: p50 {percentile(recoveries, 0.5):.1f} s, max {max(recoveries, default=0):.1f} s"
         f" (held only: p50 {percentile([k.recovery for k in held if k.recovery], 0.5):.1f} s; the lease is 65 s)."
-        f" Restart to first heartbeat: p50 {percentile(beats, 0.5):.1f} s, max {max(beats, default=0):.1f} s.",
+        f" Restart to first heartbeat: p50 {percentile(beats, 0.5):.1f} s, max {max(beats, default=0):.1f} s"
+        " (no fault stops or cuts off a process before its first heartbeat).",
     ]
+    lines += partition_lines(report.partitions)
     enqueues = report.enqueue_seconds
     lines.append(
         "Enqueue transactions (the application's side, retried across restarts):"
@@ -135,8 +138,8 @@ def render(report: Report) -> str:
             lines.append(f"| {b.kind} | {b.action_id} | {held_for} | {b.outcome} |")
     if report.breaches:
         lines += ["", "| breach | action | detail | late write |", "| --- | ---: | --- | --- |"]
-        for b in report.breaches[:50]:
-            lines.append(f"| {b['invariant']} | {b['action']} | {b['detail']} | {b['late']} |")
+        for breach in report.breaches[:50]:
+            lines.append(f"| {breach['invariant']} | {breach['action']} | {breach['detail']} | {breach['late']} |")
     if report.late_details:
         lines += ["", "Late writes: " + json.dumps(report.late_details[:20])]
     if report.lost:
@@ -144,6 +147,35 @@ def render(report: Report) -> str:
     if report.driver_retries:
         lines += ["", "Driver retries on lost connections: " + json.dumps(dict(report.driver_retries))]
     return "\n".join(lines)
+
+
+def partition_lines(partitions: list[Partition]) -> list[str]:
+    """The network faults: per blackhole, how soon its executor noticed and beat again after it."""
+    if not partitions:
+        return []
+    lines = []
+    for kind in ("blackhole past the lease", "blackhole short", "delay", "cut"):
+        of_kind = [p for p in partitions if p.kind == kind]
+        if not of_kind:
+            continue
+        noticed = [p.noticed_after for p in of_kind if p.noticed_after is not None]
+        beats = [p.beat_after_end for p in of_kind if p.beat_after_end is not None]
+        lines.append(
+            f"Network {kind}: {len(of_kind)}; its executor logged the database unreachable in {len(noticed)},"
+            f" after p50 {percentile(noticed, 0.5):.1f} s, max {max(noticed, default=0):.1f} s;"
+            f" end to next heartbeat p50 {percentile(beats, 0.5):.1f} s, max {max(beats, default=0):.1f} s"
+            f" ({len(of_kind) - len(beats)} without one)."
+        )
+    lines += [
+        "",
+        "| network fault | at (s) | executor | lasted (s) | detail | noticed after (s) | end to heartbeat (s) |",
+        "| --- | ---: | ---: | ---: | --- | ---: | ---: |",
+    ]
+    for p in partitions:
+        seen = "" if p.noticed_after is None else f"{p.noticed_after:.1f}"
+        beat = p.outcome if p.beat_after_end is None else f"{p.beat_after_end:.1f}"
+        lines.append(f"| {p.kind} | {p.at:.0f} | {p.slot} | {p.seconds:.1f} | {p.detail} | {seen} | {beat} |")
+    return lines
 
 
 def as_json(report: Report) -> dict[str, Any]:

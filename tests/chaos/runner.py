@@ -2,11 +2,20 @@
 
 `Chaos.run` is one run, as the package's docstring describes it; `tests.chaos.checks` checks the invariants
 once the executors stopped, `tests.chaos.report` renders what it found.
+
+The network, by slot (each executor process reaches the database through relays of its own, so a network
+fault isolates one executor while the others carry on; the runner's own connections go direct):
+
+    executor slot i ─▶ NetRelay i ─────────────────────────────▶ PostgreSQL
+                    ─▶ NetRelay i ─▶ PgBouncer (--pooler) ───────▶ PostgreSQL
+                    ─▶ NetRelay i' ─▶ PostgreSQL  (its LISTEN connection, behind a transaction pooler)
+    its read-back provider, the runner (enqueue, faults, checks) ─▶ PostgreSQL
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import heapq
 import itertools
 import os
@@ -39,9 +48,21 @@ from tests import kinds
 from tests.chaos import journal
 from tests.chaos.adapters import PROVIDER_TABLE
 from tests.chaos.checks import check
+from tests.chaos.netrelay import NetRelay
 from tests.chaos.postgres import OwnPostgres
-from tests.chaos.records import ENDED_STATES, SENDER_DOMAIN, Brink, ChaosConfig, Erasure, Kill, Planned, Slot
+from tests.chaos.records import (
+    ENDED_STATES,
+    SENDER_DOMAIN,
+    Brink,
+    ChaosConfig,
+    Erasure,
+    Kill,
+    Partition,
+    Planned,
+    Slot,
+)
 from tests.chaos.report import Report
+from tests.pgbouncer import PgBouncer
 
 ROOT = Path(__file__).resolve().parents[2]
 HOUR = 3600
@@ -85,6 +106,8 @@ class Chaos:
         self.work_dir = config.work_dir or Path(tempfile.mkdtemp(prefix=f"outbox-chaos-{config.seed}-"))
         self.work_dir.mkdir(parents=True, exist_ok=True)
         self.own: OwnPostgres | None = None
+        self.pooler: PgBouncer | None = None
+        self.partitions: list[Partition] = []
         self.errors: Counter[str] = Counter()
         self.planned: dict[int, Planned] = {}
         self.by_key: dict[str, Planned] = {}
@@ -145,7 +168,18 @@ class Chaos:
         self.sink = SmtpSink(seed=config.seed)
         self.sink.on_rcpt = self._on_rcpt
         self.sink.start()
+        parsed = make_url(server)
+        socket_dir = parsed.query.get("host")
+        direct = (socket_dir if isinstance(socket_dir, str) else parsed.host or "127.0.0.1", parsed.port or 5432)
+        target = direct
+        if config.pooler is not None:
+            self.pooler = PgBouncer(server, config.pooler, pool_size=20)
+            target = ("127.0.0.1", self.pooler.port)
         self.slots = [Slot(i, SKEWS[i % len(SKEWS)]) for i in range(config.executors)]
+        for slot in self.slots:
+            slot.relays.append(NetRelay(*target))
+            if config.pooler == "transaction":  # no LISTEN through a transaction pooler: its own connection
+                slot.relays.append(NetRelay(*direct))
         for slot in self.slots:
             self._start(slot)
         self._park_proposals()
@@ -178,7 +212,8 @@ class Chaos:
         slot.journal = self.work_dir / f"journal-{slot.index}-{slot.incarnation}.jsonl"
         env = {
             **os.environ,
-            "OUTBOX_DATABASE_URL": self.url,
+            "OUTBOX_DATABASE_URL": self._url_through(slot.relays[0]),
+            "OUTBOX_CHAOS_PROVIDER_URL": self.url,  # the provider is another system: a partition spares it
             "OUTBOX_SMTP_HOST": "127.0.0.1",
             "OUTBOX_SMTP_PORT": str(self.sink.port),
             "OUTBOX_SMTP_SENDER": f"outbox@{SENDER_DOMAIN}",
@@ -188,7 +223,9 @@ class Chaos:
             "OUTBOX_CHAOS_JOURNAL": str(slot.journal),
             "PYTHONPATH": str(ROOT),
         }
-        log = open(self.work_dir / f"executor-{slot.index}-{slot.incarnation}.log", "wb")  # noqa: SIM115
+        if len(slot.relays) > 1:
+            env["OUTBOX_LISTEN_DATABASE_URL"] = self._url_through(slot.relays[1])
+        log = open(self._log_of(slot), "wb")  # noqa: SIM115
         args = ["run", "--adapters", "tests.chaos.adapters:adapters", "--concurrency", "32"]
         args += ["--lease-seconds", str(self.config.lease_seconds)]
         slot.process = subprocess.Popen(
@@ -198,6 +235,16 @@ class Chaos:
         slot.down_since = None
         slot.paused_until = None
         slot.brink = None
+        slot.started_at = self.now()
+        slot.beat_at = None
+
+    def _log_of(self, slot: Slot) -> Path:
+        return self.work_dir / f"executor-{slot.index}-{slot.incarnation}.log"
+
+    def _url_through(self, relay: NetRelay) -> str:
+        """The run's database, reached through `relay` (and whatever stands behind it)."""
+        url = make_url(self.url).difference_update_query(["host"]).set(host="127.0.0.1", port=relay.port)
+        return url.render_as_string(hide_password=False)
 
     # ---- the workload ----
 
@@ -380,20 +427,29 @@ class Chaos:
             and s.paused_until is None
             and s.brink is None
             and s.down_since is None
+            # not before its first heartbeat (a restart's time to beat is the process's own), and not
+            # under a network fault or before its first heartbeat after one
+            and s.beat_at is not None
+            and s.partition is None
             and _state(s.process.pid) != "T"
         ]
 
+    # the first round injects every kind once, in this order
     FAULT_WEIGHTS: ClassVar[dict[str, int]] = {
         "SIGKILL": 30,
         "relay": 22,
         "pg_terminate_backend": 18,
         "SIGSTOP short": 8,
         "PostgreSQL restart": 4,
+        "network cut": 6,
+        "network delay": 5,
+        "network blackhole short": 5,
         "SIGSTOP past the lease": 5,
+        "network blackhole past the lease": 3,
     }
 
     def fault_plan(self) -> Iterator[str]:
-        """Every kind once (the long pause last, so a short run still sees kills), then at random by weight."""
+        """Every kind once (the long pauses last, so a short run still sees kills), then at random by weight."""
         names = [n for n in self.FAULT_WEIGHTS if self.own is not None or n != "PostgreSQL restart"]
         yield from names
         weights = [self.FAULT_WEIGHTS[n] for n in names]
@@ -403,14 +459,24 @@ class Chaos:
     def inject(self, name: str) -> bool:
         """Inject one fault; False when it cannot be now (no executor to spare)."""
         rng = self.rng
-        if name in ("SIGKILL", "SIGSTOP short", "SIGSTOP past the lease"):
-            # at most two executors down or paused by faults, and one left running
+        if name in ("SIGKILL", "SIGSTOP short", "SIGSTOP past the lease") or name.startswith("network "):
+            # at most two executors down, paused or cut off by faults, and one left running (a network
+            # cut or delay leaves its executor running)
             candidates = self.healthy()
-            faulted = sum(1 for s in self.slots if s.down_since is not None or s.paused_until is not None)
-            if len(candidates) < 2 or faulted >= 2:
+            faulted = sum(
+                1
+                for s in self.slots
+                if s.down_since is not None
+                or s.paused_until is not None
+                or (s.partition is not None and s.partition.kind.startswith("blackhole"))
+            )
+            stops = name not in ("network cut", "network delay")
+            if not candidates or (stops and (len(candidates) < 2 or faulted >= 2)):
                 return False
             slot = rng.choice(candidates)
-            if name == "SIGKILL":
+            if name.startswith("network "):
+                self._partition(slot, name.removeprefix("network "))
+            elif name == "SIGKILL":
                 self._kill(slot)
             else:
                 seconds = rng.uniform(0.5, 5) if name == "SIGSTOP short" else rng.uniform(66, 80)
@@ -462,6 +528,51 @@ class Chaos:
         ]
         return self.rng.choice(options)
 
+    def _partition(self, slot: Slot, kind: str) -> None:
+        """A network fault between one executor and the database: its relays only."""
+        assert slot.process is not None
+        rng = self.rng
+        seconds = {
+            "blackhole past the lease": self.config.lease_seconds + 10,
+            "blackhole short": rng.uniform(2, 8),
+            "delay": rng.uniform(5, 20),
+            "cut": 0.0,
+        }[kind]
+        log = self._log_of(slot)
+        partition = Partition(
+            len(self.partitions) + 1,
+            kind,
+            slot.index,
+            slot.process.pid,
+            self.now(),
+            seconds,
+            time.time(),
+            log,
+            log.stat().st_size if log.exists() else 0,
+            slot.skew,
+        )
+        self.partitions.append(partition)
+        slot.partition = partition
+        if kind == "cut":
+            partition.detail = f"{sum(relay.cut() for relay in slot.relays)} connections reset"
+            partition.ended_at, partition.wall_end = partition.at, partition.wall_at
+            return
+        if kind == "delay":
+            chunk_delay = rng.uniform(0.2, 2)
+            partition.detail = f"{chunk_delay:.1f} s per chunk"
+            for relay in slot.relays:
+                relay.delay(chunk_delay)
+        else:
+            for relay in slot.relays:
+                relay.blackhole()
+
+        def heal() -> None:
+            for relay in slot.relays:
+                relay.pass_()
+            partition.ended_at, partition.wall_end = self.now(), time.time()
+
+        self.at(seconds, heal)
+
     def _kill(self, slot: Slot) -> None:
         assert slot.process is not None
         slot.process.send_signal(signal.SIGKILL)
@@ -504,7 +615,14 @@ class Chaos:
         self.relay_brink_addresses.discard(address)
         pid = _pid_of_peer(session.peer, self.sink.port)
         slot = next((s for s in self.slots if s.process is not None and s.process.pid == pid), None)
-        if slot is None or slot.brink is not None or slot.paused_until is not None:
+        if (
+            pid is None
+            or slot is None
+            or slot.brink is not None
+            or slot.paused_until is not None
+            or slot.partition is not None
+            or slot.beat_at is None
+        ):
             self.faults["brink: email holder missed (its process was already stopped)"] += 1
             return
         os.kill(pid, signal.SIGSTOP)
@@ -577,10 +695,17 @@ class Chaos:
         return False
 
     def track_recoveries(self) -> None:
+        """Kills taken back, and heartbeats: each process's first, and its first after a network fault."""
         now = self.now()
         pending = [k for k in self.kills if k.recovered_at is None]
-        beats = [k for k in self.kills if k.beat_at is None and k.new_pid is not None]
-        if not pending and not beats:
+        beating = [
+            s
+            for s in self.slots
+            if s.process is not None
+            and s.down_since is None
+            and (s.beat_at is None or (s.partition is not None and s.partition.wall_end is not None))
+        ]
+        if not pending and not beating:
             return
         with self.engine.connect() as conn:
             if pending:
@@ -594,13 +719,39 @@ class Chaos:
                 for kill in pending:
                     if all(rows.get(i, (None, None)) != (e, "EXECUTING") for i, e in kill.held):
                         kill.recovered_at = now
-            for kill in beats:
-                beat = conn.execute(
-                    text("SELECT 1 FROM agent_executor WHERE executor_id LIKE :pattern"),
-                    {"pattern": f"%:{kill.new_pid}:%"},
-                ).first()
-                if beat is not None:
-                    kill.beat_at = now
+            for slot in beating:
+                assert slot.process is not None
+                seen = conn.execute(
+                    text(
+                        "SELECT extract(epoch FROM max(seen_at))::float8 FROM agent_executor"
+                        " WHERE executor_id LIKE :pattern"
+                    ),
+                    {"pattern": f"%:{slot.process.pid}:%"},
+                ).scalar_one()
+                if seen is not None and slot.beat_at is None:
+                    slot.beat_at = now
+                    for kill in self.kills:
+                        if kill.new_pid == slot.process.pid:
+                            kill.beat_at = now
+                self._after_partition(slot, seen, now)
+
+    def _after_partition(self, slot: Slot, seen: float | None, now: float) -> None:
+        """A network fault is over for its slot once the process beats again (seen_at after its end)."""
+        partition = slot.partition
+        if partition is None or partition.wall_end is None or partition.ended_at is None:
+            return
+        assert slot.process is not None
+        if slot.process.pid != partition.pid:
+            partition.outcome = "its process exited before it beat again"
+        elif seen is not None and seen > partition.wall_end:
+            partition.beat_after_end = seen - partition.wall_end
+        elif now - partition.ended_at > self.PARTITION_BEAT_SECONDS:
+            partition.outcome = f"no heartbeat within {self.PARTITION_BEAT_SECONDS} s of its end"
+        else:
+            return
+        slot.partition = None
+
+    PARTITION_BEAT_SECONDS = 120
 
     # ---- the run ----
 
@@ -611,10 +762,16 @@ class Chaos:
         try:
             self.set_up()
             report.postgres = self.postgres + (" (own, restartable)" if self.own else " (given server: no restart)")
+            if self.pooler is not None:
+                report.postgres += f", executors through PgBouncer ({config.pooler} pooling)"
             self.log(f"chaos: seed {config.seed}, {config.minutes} min of faults, work dir {self.work_dir}")
             self._fault_phase()
             report.settle_seconds = self._settle()
             report.stop_codes = self._stop_executors()
+            for partition in self.partitions:
+                noticed = journal.first_unreachable(partition.log, partition.log_offset, partition.skew)
+                if noticed is not None:
+                    partition.noticed_after = noticed - partition.wall_at
             check(self, report)
         finally:
             self._tear_down()
@@ -626,6 +783,7 @@ class Chaos:
         end = self.now() + config.seconds
         plan = self.fault_plan()
         postponed: list[str] = []
+        kinds_injected: set[str] = set()
         next_fault = self.now() + self.rng.uniform(1, 2)
         next_brink = self.now() + 2
         brinks = itertools.cycle([self.brink_readback, self.brink_email])
@@ -648,14 +806,17 @@ class Chaos:
                 next_brink = now + (min(30, config.seconds * 0.4) if brink_count == 1 else config.brink_every)
             if now >= next_fault:
                 # one fault per fault time: the first that can be injected now; a fault that needs an
-                # executor to spare waits for the next fault time (a few at most, oldest first)
+                # executor to spare waits for the next fault time (a few at most, oldest first, and every
+                # kind not injected yet, so a short run sees each one)
                 candidates, postponed, injected = [*postponed, next(plan)], [], False
                 for name in candidates:
-                    if injected or not retrying("inject", lambda name=name: self.inject(name), self.errors):
+                    if injected or not retrying("inject", functools.partial(self.inject, name), self.errors):
                         postponed.append(name)
                     else:
                         injected = True
-                postponed = postponed[-8:]
+                        kinds_injected.add(name)
+                fresh = [n for n in postponed if n not in kinds_injected]
+                postponed = fresh + [n for n in postponed if n in kinds_injected][-8:]
                 next_fault = now + self.rng.expovariate(1 / config.mean_fault_gap)
             self._run_events()
             retrying("watch", self.watch, self.errors)
@@ -683,7 +844,9 @@ class Chaos:
             self._run_events()
             retrying("watch", self.watch, self.errors)
             retrying("track", self.track_recoveries, self.errors)
-            busy = self.events or any(s.brink or s.down_since is not None for s in self.slots)
+            busy = self.events or any(
+                s.brink or s.down_since is not None or s.partition is not None for s in self.slots
+            )
             if not busy and not retrying("settled", lambda: self._unsettled(), self.errors):
                 return self.now() - started
             time.sleep(0.25)
@@ -695,10 +858,13 @@ class Chaos:
 
     def _stop_executors(self) -> list[int | None]:
         for slot in self.slots:
+            for relay in slot.relays:  # a fault the settling outlasted: the network is back for the stop
+                relay.pass_()
+        for slot in self.slots:
             if slot.process is not None and slot.process.poll() is None:
                 slot.process.send_signal(signal.SIGCONT)
                 slot.process.send_signal(signal.SIGTERM)
-        codes = []
+        codes: list[int | None] = []
         for slot in self.slots:
             assert slot.process is not None
             try:
@@ -714,6 +880,11 @@ class Chaos:
                 slot.process.send_signal(signal.SIGCONT)
                 slot.process.kill()
                 slot.process.wait(30)
+        for slot in self.slots:
+            for relay in slot.relays:
+                relay.close()
+        if self.pooler is not None:
+            self.pooler.stop()
         if hasattr(self, "sink"):
             self.sink.stop()
         if hasattr(self, "engine"):
@@ -753,12 +924,13 @@ def _pid_of_peer(peer: tuple[str, int] | None, server_port: int) -> int | None:
     for connection in psutil.net_connections(kind="tcp4"):
         local, remote = connection.laddr, connection.raddr
         if local and remote and (local.ip, local.port) == (peer[0], peer[1]) and remote.port == server_port:
-            return connection.pid
+            return int(connection.pid) if connection.pid is not None else None
     return None
 
 
 def _command(config: ChaosConfig) -> str:
-    return f"python -m tests.chaos --seed {config.seed} --minutes {config.minutes:g}"
+    pooler = f" --pooler {config.pooler}" if config.pooler else ""
+    return f"python -m tests.chaos --seed {config.seed} --minutes {config.minutes:g}{pooler}"
 
 
 def run_chaos(config: ChaosConfig) -> Report:
