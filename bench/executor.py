@@ -17,6 +17,7 @@ import platform
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from sqlalchemy import Engine, text
@@ -36,20 +37,33 @@ def throughput(server: str, actions: int, lanes: int, executors: int = 2) -> flo
     return actions / seconds
 
 
-def pickup(server: str, count: int = 500, rate: float = 50.0) -> list[float]:
+def pickup(
+    server: str,
+    count: int = 500,
+    rate: float = 50.0,
+    *,
+    through: Callable[[str], str] = str,
+    extra_env: dict[str, str] | None = None,
+    listens: bool = True,
+) -> list[float]:
+    """Pickup delays in ms. `through`: the executor's URL from the database's (a pooler's, say); `listens`:
+    whether the executor LISTENs (else it polls, and the enqueue starts once it has beaten)."""
     with harness.fresh_database(server, "bench_pickup") as (url, engine), tempfile.TemporaryDirectory() as tmp:
         pickups = Path(tmp) / "pickups"
         processes = harness.start_executors(
-            url,
+            through(url),
             1,
             "bench.adapters:pickup_adapters",
-            {"OUTBOX_BENCH_PICKUP_FILE": str(pickups)},
+            {"OUTBOX_BENCH_PICKUP_FILE": str(pickups), **(extra_env or {})},
             "--lease-seconds",
             "300",
         )
         committed: dict[int, int] = {}
         try:
-            harness.wait_listening(engine, 1)
+            if listens:
+                harness.wait_listening(engine, 1)
+            else:
+                harness.wait_beating(engine, 1)
             import outbox
             from bench import kinds
 

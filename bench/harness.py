@@ -103,6 +103,19 @@ def wait_listening(engine: Engine, count: int, timeout: float = 60) -> None:
         time.sleep(0.05)
 
 
+def wait_beating(engine: Engine, count: int, timeout: float = 60) -> None:
+    """Until `count` executors have a heartbeat row (they have swept once and claim from now on)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        with engine.connect() as conn:
+            beating = conn.execute(text("SELECT count(*) FROM agent_executor")).scalar_one()
+        if beating >= count:
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"only {beating} of {count} executors beat after {timeout} s")
+        time.sleep(0.05)
+
+
 def ended(engine: Engine, where: str = "true") -> int:
     with engine.connect() as conn:
         return int(
