@@ -139,10 +139,14 @@ async def connect_async(conninfo: str, **kwargs: Any) -> psycopg.AsyncConnection
 
 
 def install(engine: Engine | AsyncEngine) -> None:
-    """Open every new connection of `engine` by the rules above."""
+    """Open every new connection of `engine` by the rules above. Again on the same engine, the hook moves
+    after those added since, so that it connects with the parameters they set."""
     sync = engine if isinstance(engine, Engine) else engine.sync_engine
+    if event.contains(sync, "do_connect", _do_connect):
+        event.remove(sync, "do_connect", _do_connect)
     event.listen(sync, "do_connect", _do_connect)
-    event.listen(sync, "connect", _on_connect)
+    if not event.contains(sync, "connect", _on_connect):
+        event.listen(sync, "connect", _on_connect)
 
 
 def _do_connect(dialect: Any, record: Any, cargs: Any, cparams: dict[str, Any]) -> Any:

@@ -45,6 +45,7 @@ from prometheus_client.registry import Collector
 from sqlalchemy import Connection, Engine, event
 from sqlalchemy.exc import DBAPIError
 
+from outbox import connection
 from outbox.connection import TCP_BOUNDS
 from outbox.db import fault_text, shown_url
 from outbox.executor.results import RESULT_NAMES
@@ -232,10 +233,11 @@ def _where(engine: Engine) -> str:
 def bound_connections(engine: Engine) -> None:
     """Give the engine's new connections a connect timeout of at most CONNECT_TIMEOUT_SECONDS, and
     `outbox.connection.TCP_BOUNDS` except what its URL sets itself (a host that stops acknowledging fails the
-    connection after about 5 s, instead of the system's minutes). First among the engine's connect hooks, so
-    that an engine of `outbox.db`, which connects in its own hook, connects with these."""
+    connection after about 5 s, instead of the system's minutes), then opens them by `outbox.connection`'s
+    rules with these parameters."""
     if not event.contains(engine, "do_connect", _bound_connect):
-        event.listen(engine, "do_connect", _bound_connect, insert=True)
+        event.listen(engine, "do_connect", _bound_connect)
+        connection.install(engine)
 
 
 def _bound_connect(dialect: Any, record: Any, cargs: Any, cparams: dict[str, Any]) -> None:

@@ -53,8 +53,9 @@ MERGE_TALLIES = (MERGE_ATTEMPT_TALLIES, MERGE_ENDED_TALLIES, MERGE_LATENCY_TALLI
 # a merge's transaction: each statement, each lock wait and each pause between statements at most :ms (a
 # merging executor that freezes or loses its network mid-way holds the tally rows no longer than that)
 BOUND_MERGE = text("""
-SELECT set_config('statement_timeout', CAST(:ms AS text), true), set_config('lock_timeout', CAST(:ms AS text), true),
-       set_config('idle_in_transaction_session_timeout', CAST(:ms AS text), true)
+SELECT set_config('statement_timeout', CAST(:ms AS text), true) AS statement_timeout,
+       set_config('lock_timeout', CAST(:ms AS text), true) AS lock_timeout,
+       set_config('idle_in_transaction_session_timeout', CAST(:ms AS text), true) AS idle_timeout
 """)
 
 
