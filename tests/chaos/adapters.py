@@ -149,21 +149,23 @@ class ReadbackAdapter:
             if earlier is not None:
                 return Done(f"found write {earlier}")
         window = await attempt.fence().begin_write()
-        window.check()  # immediately before the provider call
         brink = bool(isinstance(action.payload, dict) and action.payload.get("brink")) and action.attempt == 1
         if brink:
+            window.check()
             self._journal.write("brink", attempt, pid=os.getpid())
             os.kill(os.getpid(), signal.SIGSTOP)  # descheduled between the check and the call
-        params = {
-            "id": action.id,
-            "epoch": action.epoch,
-            "lane": action.lane_key,
-            "pid": os.getpid(),
-            "brink": brink,
-            "remaining": window.remaining(),
-        }
         try:
             async with self._provider.connect() as conn:
+                if not brink:
+                    window.check()  # immediately before the provider call, once connected to it
+                params = {
+                    "id": action.id,
+                    "epoch": action.epoch,
+                    "lane": action.lane_key,
+                    "pid": os.getpid(),
+                    "brink": brink,
+                    "remaining": window.remaining(),
+                }
                 write_id = int((await conn.execute(WRITE, params)).scalar_one())
                 await conn.commit()
                 await asyncio.sleep(self._rng.random() * self._work)  # the provider's work

@@ -5,6 +5,8 @@ provider's writes, the executors' journals, the metrics and the database.
 family of them, and records what it finds in the report: breaches (`Report.breach`) and the counts the
 report shows. A breach is explained when a late write caused it: a write (or the end of a provider call)
 by a holder that had already lost its action, the one case no fence can stop; the run injects it on purpose.
+A late write is itself a breach unless its writer was frozen (SIGSTOP, a brink) shortly before it: a process
+that merely lost its network must not call a provider once it cannot prove its window.
 """
 
 from __future__ import annotations
@@ -35,6 +37,11 @@ if TYPE_CHECKING:
 EFFECTS_ALLOWED = {"DONE": (1, 1), "UNCERTAIN": (0, 1)}
 LATE_HOLDER = ("expired", "superseded")
 
+# a late write is explained by a freeze of its writer that ended at most this long before it (lease + window)
+FREEZE_REACH_SECONDS = 130.0
+
+UNFROZEN_LATE_WRITE = "a read-back write after its holder lost the action, by no frozen process"
+
 # a write to the provider or the relay, on one timeline (both clocks are this machine's):
 # (start, end, action id, late, kind)
 Span = tuple[float, float, int, bool, str]
@@ -55,6 +62,20 @@ class Evidence:
     journals: list[Path]
     unexpected_exits: list[str]
     engine: Engine
+    freezes: dict[int, list[list[float]]]  # by pid: when a fault or a brink froze it, [start, end] epoch seconds
+    journal_pids: dict[str, int]  # by journal file name: the process that wrote it
+
+    def frozen_before(self, pids: set[int], start: float, end: float) -> bool:
+        """One of `pids` was frozen at some moment in [start - FREEZE_REACH_SECONDS, end]."""
+        return any(a <= end and b >= start - FREEZE_REACH_SECONDS for pid in pids for a, b in self.freezes.get(pid, []))
+
+    def writers(self, action_id: int) -> set[int]:
+        """The processes that started an attempt at the action (from their journals)."""
+        found = set()
+        for path in self.journals:
+            if any(e["e"] == "start" and e["id"] == action_id for e in journal.read(path)):
+                found.add(self.journal_pids.get(path.name, -1))
+        return found
 
     def end_of(self, plan: Planned) -> float | None:
         """When the action ended (epoch seconds, database clock), or its account was erased; None: neither."""
@@ -112,7 +133,7 @@ def gather(chaos: Chaos, report: Report) -> Evidence:
         writes = list(
             conn.execute(
                 text("""
-                SELECT id, action_id, epoch, lane_key, brink, remaining_before, remaining_after, holder_at_start,
+                SELECT id, action_id, epoch, lane_key, pid, brink, remaining_before, remaining_after, holder_at_start,
                        holder_at_end, extract(epoch FROM started_at)::float8 AS started_at,
                        extract(epoch FROM ended_at)::float8 AS ended_at
                   FROM chaos_provider_write ORDER BY id
@@ -147,6 +168,8 @@ def gather(chaos: Chaos, report: Report) -> Evidence:
         journals=sorted(chaos.work_dir.glob("journal-*.jsonl")),
         unexpected_exits=chaos.unexpected_exits,
         engine=engine,
+        freezes=chaos.freezes,
+        journal_pids=chaos.journal_pids,
     )
 
 
@@ -162,6 +185,9 @@ def check_emails(ev: Evidence, report: Report) -> None:
         report.late_writes["EMAIL delivered after its action ended"] += len(late)
         for r in late:
             assert end is not None
+            # after an erasure that came after its fence, a message on its way is no breach of its window
+            if row is not None and not ev.frozen_before(ev.writers(plan.id), r.mail_at, r.received_at):
+                report.breach("an email delivered after its action ended, by no frozen process", plan.id, mid)
             report.late_details.append(
                 {
                     "action": plan.id,
@@ -202,6 +228,9 @@ def check_readbacks(ev: Evidence, report: Report) -> None:
         late = [w for w in got if _late(w)]
         for w in late:
             report.late_writes[_late_label(w)] += 1
+            if _started_late(w) and not ev.frozen_before({w.pid}, w.started_at, w.started_at):
+                detail = f"write {w.id} by pid {w.pid}: holder {w.holder_at_start}"
+                report.breach(UNFROZEN_LATE_WRITE, plan.id, detail)
         if len(got) > 1:
             report.count("duplicates", bool(late))
             report.breach("a read-back action wrote twice", plan.id, f"{len(got)} writes", bool(late))

@@ -18,6 +18,7 @@ import dataclasses
 import functools
 import heapq
 import itertools
+import math
 import os
 import queue
 import random
@@ -107,6 +108,9 @@ class Chaos:
         self.work_dir.mkdir(parents=True, exist_ok=True)
         self.own: OwnPostgres | None = None
         self.pooler: PgBouncer | None = None
+        # when each process was frozen (by a fault or a brink): [start, end], epoch seconds
+        self.freezes: dict[int, list[list[float]]] = {}
+        self.journal_pids: dict[str, int] = {}  # journal file name: the process that wrote it
         self.partitions: list[Partition] = []
         self.errors: Counter[str] = Counter()
         self.planned: dict[int, Planned] = {}
@@ -232,6 +236,7 @@ class Chaos:
             [sys.executable, "-m", "outbox.cli", *args], env=env, cwd=ROOT, stdout=log, stderr=log
         )
         log.close()
+        self.journal_pids[slot.journal.name] = slot.process.pid
         slot.down_since = None
         slot.paused_until = None
         slot.brink = None
@@ -481,7 +486,7 @@ class Chaos:
             else:
                 seconds = rng.uniform(0.5, 5) if name == "SIGSTOP short" else rng.uniform(66, 80)
                 assert slot.process is not None
-                slot.process.send_signal(signal.SIGSTOP)
+                self._stop(slot.process.pid)
                 slot.paused_until = self.now() + seconds
         elif name == "relay":
             choice, faults = self._relay_fault()
@@ -625,7 +630,7 @@ class Chaos:
         ):
             self.faults["brink: email holder missed (its process was already stopped)"] += 1
             return
-        os.kill(pid, signal.SIGSTOP)
+        self._stop(pid)
         self.frozen_by_relay.put((pid, address, self.now()))
 
     # ---- watching ----
@@ -656,7 +661,7 @@ class Chaos:
                 continue
             if slot.paused_until is not None and now >= slot.paused_until:
                 if slot.brink is None:  # the relay may have frozen it meanwhile: then the brink wakes it
-                    process.send_signal(signal.SIGCONT)
+                    self._wake(process.pid)
                 slot.paused_until = None
             if (
                 slot.brink is None
@@ -670,13 +675,24 @@ class Chaos:
                     self.brinks_seen.add(action_id)
                     slot.brink = Brink(kinds.READBACK.name, action_id, epoch, now, slot.index)
                     self.brinks.append(slot.brink)
+                    self.freezes.setdefault(process.pid, []).append([time.time() - 1, math.inf])
             if slot.brink is not None and self._release_brink(slot.brink, now):
-                process.send_signal(signal.SIGCONT)
+                self._wake(process.pid)
                 slot.brink.released_at = now
                 slot.brink = None
         if self.relay_fault_until and now >= self.relay_fault_until:
             self.sink.faults = Faults()
             self.relay_fault_until = 0.0
+
+    def _stop(self, pid: int) -> None:
+        """SIGSTOP, noted: a late write by this process while or after it was frozen is explained."""
+        self.freezes.setdefault(pid, []).append([time.time(), math.inf])
+        os.kill(pid, signal.SIGSTOP)
+
+    def _wake(self, pid: int) -> None:
+        os.kill(pid, signal.SIGCONT)
+        for freeze in self.freezes.get(pid, []):
+            freeze[1] = min(freeze[1], time.time())
 
     def _release_brink(self, brink: Brink, now: float) -> bool:
         held = now - brink.since
