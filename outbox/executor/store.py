@@ -116,14 +116,26 @@ class ExecutorStore:
         return await self._bounded(lambda conn: _fetch(conn, statement, params))
 
     async def _bounded(self, work: Callable[[psycopg.AsyncConnection[Any]], Awaitable[_T]]) -> _T:
-        """`work` on this store's connection, answered within CALL_SECONDS or failed as a lost connection."""
+        """`work` on this store's connection, answered within CALL_SECONDS or failed as a lost connection.
+
+        The wait is not a cancellation of `work`: psycopg answers one by asking the server to cancel and
+        waiting up to 10 s more, which a silent network never answers. The connection is dropped first,
+        so the cancellation finds nothing to ask."""
         conn = await self._connection()
+        task = asyncio.ensure_future(work(conn))
         try:
-            async with asyncio.timeout(CALL_SECONDS):
-                return await work(conn)
-        except TimeoutError:
+            done, _ = await asyncio.wait({task}, timeout=CALL_SECONDS)
+        except asyncio.CancelledError:
+            task.cancel()
+            raise
+        if not done:
             self._abandon()
-            raise psycopg.OperationalError(f"the database did not answer within {CALL_SECONDS:g} s") from None
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
+            raise psycopg.OperationalError(f"the database did not answer within {CALL_SECONDS:g} s")
+        try:
+            return task.result()
         except (psycopg.OperationalError, psycopg.InterfaceError):
             await self.close()
             raise
