@@ -24,17 +24,36 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
+import threading
 import time
+from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 
 import psutil
 import psycopg
+from sqlalchemy import Engine
+from sqlalchemy import text as sql_text
+from sqlalchemy.exc import DBAPIError
 
+import outbox
+from demo.sink import SmtpSink
+from examples.accounts import notices, schema
+from outbox import migrate
+from outbox.db import psycopg_url, sync_engine
+from outbox.email.message import message_id
+from outbox.faults import own_database_fault
+from outbox.requests import ActionRequest
+from outbox.testing import install_kinds
+from tests import kinds
 from tests.chaos.postgres import free_port
 
 STANDBY_NAME = "standby1"
@@ -284,3 +303,370 @@ def _running(pid: int) -> bool:
         return bool(psutil.Process(pid).status() != psutil.STATUS_ZOMBIE)
     except psutil.NoSuchProcess:
         return False
+
+
+# ---- the failover scenario ----------------------------------------------------------------------------------
+#
+#   Replicated(synchronous) ─▶ migrate, kinds, accounts ─▶ SmtpSink ─▶ executors (`outbox run`, EMAIL only,
+#   the multi-host URL) ─▶ steady enqueue (a thread, through the multi-host URL)
+#   ─▶ [lost tail: pause the standby's WAL receiver, hold] ─▶ kill the primary at a seeded moment while fences
+#   commit ─▶ [lost tail: drop what the paused receiver holds] ─▶ promote ─▶ enqueue on the new primary
+#   ─▶ settle (every action present ends) ─▶ stop the executors ─▶ FailoverResult (read from the new primary
+#   and the sink)
+
+ROOT = Path(__file__).resolve().parent.parent
+SENDER = "outbox@failover.example.com"
+ACCOUNTS = 300
+
+
+@dataclass(frozen=True)
+class FailoverConfig:
+    synchronous: bool
+    seed: int = 1
+    executors: int = 3
+    lease_seconds: float = 65.0
+    # enqueues per second, before and after the failover
+    rate: float = 25.0
+    # the primary is killed this long (seeded, uniform) after the sink received `warm_emails`
+    kill_after: tuple[float, float] = (0.5, 3.0)
+    warm_emails: int = 20
+    # lost tail: the standby's WAL receiver is paused this long before the kill
+    lost_tail: bool = False
+    tail_seconds: float = 2.0
+    # lost tail: the executors are stopped this long first, so that actions the standby has wait for them
+    pile_seconds: float = 1.0
+    # the outage: from the kill to the promotion (a failover manager's decision time)
+    outage_seconds: float = 1.0
+    # enqueueing goes on this long on the new primary
+    after_seconds: float = 3.0
+    # the longest the actions may take to end after the promotion (an orphaned claim waits for its lease)
+    settle_seconds: float = 110.0
+    work_dir: Path | None = None
+
+
+@dataclass
+class FailoverResult:
+    config: FailoverConfig
+    work_dir: Path
+    acked: int = 0  # enqueues whose commit returned
+    acked_before_kill: int = 0
+    acked_in_tail: int = 0  # during the pause of the WAL receiver (lost tail only)
+    pending_at_pause: int = 0  # acknowledged, on the standby, not yet sent when the receiver paused
+    enqueue_errors: int = 0  # enqueue attempts that raised (each tried again with the same key)
+    lost: list[str] = field(default_factory=list)  # acknowledged, missing on the new primary
+    not_ended: list[str] = field(default_factory=list)
+    states: Counter[str] = field(default_factory=Counter)
+    uncertain: list[tuple[str, str, str]] = field(default_factory=list)  # key, stop reason, last error
+    emails: int = 0  # messages the sink received
+    duplicates: dict[str, int] = field(default_factory=dict)  # key -> copies received (more than one)
+    sent_for_lost: list[str] = field(default_factory=list)  # received, its action missing on the new primary
+    done_without_email: list[str] = field(default_factory=list)
+    unknown_emails: int = 0  # messages that match no enqueued key
+    emails_last_second_before_kill: int = 0
+    executing_at_promotion: int = 0
+    lsn_gap_bytes: int | None = None  # primary's WAL position minus the standby's at the kill
+    promote_seconds: float = 0.0
+    first_email_seconds: float | None = None  # from the promotion to the first email the sink received after it
+    reconnect_seconds: dict[int, float | None] = field(default_factory=dict)  # executor pid -> seconds
+    settle_seconds: float = 0.0
+    settled: bool = False
+    exit_codes: list[int | None] = field(default_factory=list)
+    unexpected_exits: list[str] = field(default_factory=list)
+    wall_seconds: float = 0.0
+
+    @property
+    def reconnects(self) -> list[float]:
+        return [s for s in self.reconnect_seconds.values() if s is not None]
+
+
+class Failover:
+    """One run of the scenario above; `run()` returns what it found and always tears everything down."""
+
+    def __init__(self, config: FailoverConfig) -> None:
+        self.config = config
+        self.rng = random.Random(config.seed)
+        self.work_dir = config.work_dir or Path(tempfile.mkdtemp(prefix="outbox-failover-"))
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        self.result = FailoverResult(config, self.work_dir)
+        self.servers = Replicated(synchronous=config.synchronous)
+        self.processes: list[subprocess.Popen[bytes]] = []
+        self.sink: SmtpSink | None = None
+        self.engine: Engine | None = None
+        self.acked: dict[str, float] = {}  # key -> wall-clock time its enqueue's commit returned
+        self.keys: set[str] = set()
+        self._lock = threading.Lock()
+        self._stop_enqueue = threading.Event()
+        self._enqueuer: threading.Thread | None = None
+        self._enqueue_failure: BaseException | None = None
+        self.killed_at = 0.0
+        self.paused_at = 0.0
+        self.promoted_at = 0.0
+
+    # ---- the run ----
+
+    def run(self) -> FailoverResult:
+        started = time.monotonic()
+        try:
+            self._set_up()
+            self._fail_over()
+            self._settle()
+            self._stop_executors()
+            self._check()
+        finally:
+            self._tear_down()
+        self.result.wall_seconds = time.monotonic() - started
+        return self.result
+
+    def _set_up(self) -> None:
+        self.servers.start()
+        self.engine = sync_engine(self.servers.url(), pool_pre_ping=True, pool_size=2)
+        with self.engine.begin() as conn:
+            migrate.upgrade(conn)
+            install_kinds(conn, kinds.ALL)
+            schema.create(conn)
+            conn.execute(
+                sql_text(
+                    "INSERT INTO app_account SELECT g, 'User ' || g, 'user' || g || '@example.com', false"
+                    " FROM generate_series(1, :n) AS g"
+                ),
+                {"n": ACCOUNTS},
+            )
+        self.sink = SmtpSink(seed=self.config.seed).start()
+        for index in range(self.config.executors):
+            self.processes.append(self._start_executor(index))
+        self._until(self._all_beat, 60, "every executor's first heartbeat")
+
+    def _start_executor(self, index: int) -> subprocess.Popen[bytes]:
+        assert self.sink is not None
+        env = {
+            **os.environ,
+            # the same two servers in SQLAlchemy's spelling: `outbox run` cannot print its start line for the
+            # libpq spelling (postgresql://u@h1:p1,h2:p2/db) yet
+            "OUTBOX_DATABASE_URL": psycopg_url(self.servers.url()),
+            "OUTBOX_SMTP_HOST": "127.0.0.1",
+            "OUTBOX_SMTP_PORT": str(self.sink.port),
+            "OUTBOX_SMTP_SENDER": SENDER,
+            "PYTHONPATH": str(ROOT),
+        }
+        args = ["run", "--adapters", "examples.accounts:adapters", "--concurrency", "16"]
+        args += ["--lease-seconds", f"{self.config.lease_seconds:g}"]
+        with open(self.work_dir / f"executor-{index}.log", "wb") as log:
+            return subprocess.Popen(
+                [sys.executable, "-m", "outbox.cli", *args], env=env, cwd=ROOT, stdout=log, stderr=log
+            )
+
+    def _all_beat(self) -> bool:
+        assert self.engine is not None
+        for process in self.processes:
+            if process.poll() is not None:
+                raise RuntimeError(f"executor {process.pid} exited {process.returncode}; see {self.work_dir}")
+        with self.engine.connect() as conn:
+            ids = [str(r[0]) for r in conn.execute(sql_text("SELECT executor_id FROM agent_executor"))]
+        return all(any(f":{p.pid}:" in i for i in ids) for p in self.processes)
+
+    def _fail_over(self) -> None:
+        config, servers, sink = self.config, self.servers, self.sink
+        assert sink is not None
+        self._enqueuer = threading.Thread(target=self._enqueue_loop, name="failover-enqueue", daemon=True)
+        self._enqueuer.start()
+        self._until(lambda: len(sink.received) >= config.warm_emails, 60, f"{config.warm_emails} emails")
+        self._wait(self.rng.uniform(*config.kill_after))
+        if config.lost_tail:
+            self._lost_tail()
+        current, replayed = servers.lsns() if config.lost_tail else ("0/0", "0/0")
+        self.killed_at = servers.kill_primary()
+        self.result.lsn_gap_bytes = _lsn(current) - _lsn(replayed) if config.lost_tail else None
+        if config.lost_tail:
+            servers.drop_unreceived()
+        self._wait(config.outage_seconds)
+        self.result.promote_seconds = servers.promote()
+        self.promoted_at = time.time()
+        with servers.connect(servers.standby_port) as conn:
+            row = conn.execute("SELECT count(*) FROM agent_action WHERE state = 'EXECUTING'").fetchone()
+            self.result.executing_at_promotion = int(str(row[0])) if row else 0
+        self.result.emails_last_second_before_kill = sum(
+            1 for r in sink.received if self.killed_at - 1 <= r.received_at <= self.killed_at
+        )
+
+    def _lost_tail(self) -> None:
+        """Actions the standby has, then their claims, fences and results on the primary alone: the executors
+        are stopped (SIGSTOP) while enqueues pile up, the standby catches up with the primary, its WAL
+        receiver is paused, the executors go on, and the tail runs for `tail_seconds`. Asynchronous: the
+        piled-up actions are sent during the tail, and the standby still has them as never claimed.
+        Synchronous: the claims wait for the paused standby, and nothing is sent."""
+        assert self.sink is not None
+        for process in self.processes:
+            os.kill(process.pid, signal.SIGSTOP)
+        self._wait(self.config.pile_seconds)
+        with self.servers.connect(self.servers.primary_port) as conn:
+            target = _lsn(str(conn.execute("SELECT pg_current_wal_lsn()").fetchone()[0]))  # type: ignore[index]
+        self._until(lambda: _lsn(self.servers.lsns()[1]) >= target, 30, "the standby to catch up")
+        self.servers.pause_standby()
+        self.paused_at = time.time()
+        sent = {r.message_id.strip() for r in self.sink.received}
+        domain = SENDER.rpartition("@")[2]
+        self.result.pending_at_pause = sum(
+            1 for key, at in list(self.acked.items()) if at < self.paused_at and message_id(key, domain) not in sent
+        )
+        for process in self.processes:
+            os.kill(process.pid, signal.SIGCONT)
+        self._wait(self.config.tail_seconds)
+
+    def _settle(self) -> None:
+        """Enqueue on the new primary for a while, then wait until every action there has ended; meanwhile
+        note each executor's first heartbeat on the new primary."""
+        config = self.config
+        pending = {p.pid for p in self.processes}
+        stop_enqueue_at = time.monotonic() + config.after_seconds
+        deadline = time.monotonic() + config.settle_seconds
+        while True:
+            now = time.monotonic()
+            if now >= stop_enqueue_at and not self._stop_enqueue.is_set():
+                self._stop_enqueue.set()
+                assert self._enqueuer is not None
+                self._enqueuer.join(120)
+            with self.servers.connect(self.servers.standby_port) as conn:
+                for executor_id, seen_at in conn.execute(
+                    "SELECT executor_id, seen_at FROM agent_executor WHERE seen_at > to_timestamp(%s)",
+                    (self.promoted_at,),
+                ):
+                    for pid in list(pending):
+                        if f":{pid}:" in str(executor_id):
+                            assert isinstance(seen_at, datetime)
+                            self.result.reconnect_seconds[pid] = seen_at.timestamp() - self.promoted_at
+                            pending.discard(pid)
+                row = conn.execute("SELECT count(*) FROM agent_action WHERE ended_at IS NULL").fetchone()
+                open_actions = int(str(row[0])) if row else 0
+            self._watch_processes()
+            if self._stop_enqueue.is_set() and not pending and open_actions == 0:
+                self.result.settled = True
+                break
+            if now > deadline:
+                break
+            time.sleep(0.1)  # a poll's pace, not a synchronisation: the loop ends on the condition
+        for pid in pending:
+            self.result.reconnect_seconds[pid] = None
+        self.result.settle_seconds = time.time() - self.promoted_at
+        if self._enqueue_failure is not None:
+            raise RuntimeError("the enqueue thread failed") from self._enqueue_failure
+
+    def _watch_processes(self) -> None:
+        for process in self.processes:
+            if process.poll() is not None:
+                note = f"executor {process.pid} exited {process.returncode}"
+                if note not in self.result.unexpected_exits:
+                    self.result.unexpected_exits.append(note)
+
+    def _stop_executors(self) -> None:
+        for process in self.processes:
+            if process.poll() is None:
+                process.send_signal(signal.SIGCONT)
+                process.send_signal(signal.SIGTERM)
+        for process in self.processes:
+            try:
+                self.result.exit_codes.append(process.wait(90))
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(10)
+                self.result.exit_codes.append(None)
+
+    def _check(self) -> None:
+        result, sink = self.result, self.sink
+        assert sink is not None
+        with self.servers.connect(self.servers.standby_port) as conn:
+            rows = {
+                str(r[0]): (str(r[1]), str(r[2] or ""), str(r[3] or ""), r[4] is not None)
+                for r in conn.execute(
+                    "SELECT idempotency_key, state, stop_reason, last_error, ended_at FROM agent_action"
+                )
+            }
+        by_message = {message_id(key, SENDER.rpartition("@")[2]): key for key in self.keys}
+        received = Counter(r.message_id.strip() for r in sink.received)  # a long header arrives folded
+        result.emails = sum(received.values())
+        after = [r.received_at for r in sink.received if r.received_at > self.promoted_at]
+        result.first_email_seconds = min(after) - self.promoted_at if after else None
+        result.unknown_emails = sum(n for m, n in received.items() if m not in by_message)
+        copies = Counter({by_message[m]: n for m, n in received.items() if m in by_message})
+        result.duplicates = {key: n for key, n in sorted(copies.items()) if n > 1}
+        result.acked = len(self.acked)
+        result.acked_before_kill = sum(1 for at in self.acked.values() if at <= self.killed_at)
+        if self.config.lost_tail:
+            result.acked_in_tail = sum(1 for at in self.acked.values() if self.paused_at <= at <= self.killed_at)
+        result.lost = sorted(key for key in self.acked if key not in rows)
+        result.sent_for_lost = sorted(key for key in copies if key not in rows)
+        result.states = Counter(state for state, _, _, _ in rows.values())
+        result.not_ended = sorted(key for key, (_, _, _, ended) in rows.items() if not ended)
+        result.uncertain = sorted((k, r, e) for k, (s, r, e, _) in rows.items() if s == "UNCERTAIN")
+        result.done_without_email = sorted(k for k, (s, _, _, _) in rows.items() if s == "DONE" and k not in copies)
+
+    def _tear_down(self) -> None:
+        self._stop_enqueue.set()
+        for process in self.processes:
+            if process.poll() is None:
+                process.kill()
+                process.wait(30)
+        if self._enqueuer is not None:
+            self._enqueuer.join(30)
+        if self.sink is not None:
+            self.sink.stop()
+        if self.engine is not None:
+            self.engine.dispose()
+        self.servers.stop()
+
+    # ---- the enqueue thread ----
+
+    def _enqueue_loop(self) -> None:
+        try:
+            interval = 1 / self.config.rate
+            due = time.monotonic()
+            requests: Counter[int] = Counter()
+            number = 0
+            while not self._stop_enqueue.is_set():
+                number += 1
+                account = (number - 1) % ACCOUNTS + 1
+                requests[account] += 1
+                event = {"account_id": account, "request": requests[account]}
+                self._enqueue(notices.VERIFY_ADDRESS.request(event))
+                due += interval
+                self._stop_enqueue.wait(max(0.0, due - time.monotonic()))  # the enqueue rate
+        except BaseException as failure:
+            self._enqueue_failure = failure
+
+    def _enqueue(self, request: ActionRequest) -> None:
+        """Enqueue until a commit returns; an attempt that raised may or may not have committed, so the next
+        one carries the same key (the first action holding it is returned)."""
+        assert self.engine is not None
+        with self._lock:
+            self.keys.add(request.idempotency_key)
+        deadline = time.monotonic() + 90
+        while True:
+            try:
+                with self.engine.begin() as conn:
+                    outbox.enqueue(conn, request)
+                self.acked[request.idempotency_key] = time.time()
+                return
+            except DBAPIError as error:
+                if not own_database_fault(error) or time.monotonic() > deadline:
+                    raise
+                self.result.enqueue_errors += 1
+                time.sleep(0.05)  # a retry's pace: the next attempt finds a writable server or fails again
+
+    # ---- helpers ----
+
+    @staticmethod
+    def _wait(seconds: float) -> None:
+        """A planned interval of the scenario (load keeps running meanwhile), not a synchronisation."""
+        time.sleep(seconds)
+
+    @staticmethod
+    def _until(condition: Callable[[], bool], timeout: float, what: str) -> None:
+        deadline = time.monotonic() + timeout
+        while not condition():
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"timed out after {timeout} s waiting for {what}")
+            time.sleep(0.05)
+
+
+def _lsn(lsn: str) -> int:
+    high, _, low = lsn.partition("/")
+    return (int(high, 16) << 32) + int(low, 16)
