@@ -43,9 +43,9 @@ def brink_of(path: Path | None) -> tuple[int | None, int | None]:
 UNREACHABLE = ("database unavailable", "could not reach the database")
 
 
-def first_unreachable(log: Path, offset: int, skew: float) -> float | None:
+def first_unreachable(log: Path, offset: int, skew: float, before: float) -> float | None:
     """When (epoch seconds, this machine's clock) the executor log first says the database is unreachable,
-    after `offset`; its lines carry the process's wall clock, `skew` seconds off."""
+    after `offset` and before `before`; its lines carry the process's wall clock, `skew` seconds off."""
     if not log.exists():
         return None
     with log.open("rb") as file:
@@ -54,5 +54,6 @@ def first_unreachable(log: Path, offset: int, skew: float) -> float | None:
     for line in text.splitlines():
         if any(words in line for words in UNREACHABLE):
             with contextlib.suppress(ValueError):  # "2026-12-01 13:06:17,123 WARNING ..." (local time)
-                return datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp() - skew
+                at = datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp() - skew
+                return at if at < before else None
     return None

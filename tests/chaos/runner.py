@@ -784,15 +784,25 @@ class Chaos:
             self._fault_phase()
             report.settle_seconds = self._settle()
             report.stop_codes = self._stop_executors()
-            for partition in self.partitions:
-                noticed = journal.first_unreachable(partition.log, partition.log_offset, partition.skew)
-                if noticed is not None:
-                    partition.noticed_after = noticed - partition.wall_at
+            self._noticed()
             check(self, report)
         finally:
             self._tear_down()
         report.wall_seconds = time.monotonic() - started
         return report
+
+    def _noticed(self) -> None:
+        """When each network fault's executor first logged the database unreachable: before the next fault on
+        its slot, and at most NOTICE_REACH_SECONDS after the fault's end (a line later than that, or one a
+        PostgreSQL restart caused meanwhile, is another fault's)."""
+        for partition in self.partitions:
+            later = [p.wall_at for p in self.partitions if p.slot == partition.slot and p.wall_at > partition.wall_at]
+            before = min([*later, (partition.wall_end or partition.wall_at) + self.NOTICE_REACH_SECONDS])
+            noticed = journal.first_unreachable(partition.log, partition.log_offset, partition.skew, before)
+            if noticed is not None:
+                partition.noticed_after = noticed - partition.wall_at
+
+    NOTICE_REACH_SECONDS = 30.0
 
     def _fault_phase(self) -> None:
         config = self.config
