@@ -352,6 +352,7 @@ class FailoverResult:
     acked_before_kill: int = 0
     acked_in_tail: int = 0  # during the pause of the WAL receiver (lost tail only)
     pending_at_pause: int = 0  # acknowledged, on the standby, not yet sent when the receiver paused
+    acked_last_second_before_kill: int = 0
     enqueue_errors: int = 0  # enqueue attempts that raised (each tried again with the same key)
     lost: list[str] = field(default_factory=list)  # acknowledged, missing on the new primary
     not_ended: list[str] = field(default_factory=list)
@@ -590,6 +591,9 @@ class Failover:
         result.duplicates = {key: n for key, n in sorted(copies.items()) if n > 1}
         result.acked = len(self.acked)
         result.acked_before_kill = sum(1 for at in self.acked.values() if at <= self.killed_at)
+        result.acked_last_second_before_kill = sum(
+            1 for at in self.acked.values() if self.killed_at - 1 <= at <= self.killed_at
+        )
         if self.config.lost_tail:
             result.acked_in_tail = sum(1 for at in self.acked.values() if self.paused_at <= at <= self.killed_at)
         result.lost = sorted(key for key in self.acked if key not in rows)

@@ -15,6 +15,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
+
 from tests.replication import Failover, FailoverConfig, FailoverResult
 
 SEED = int(os.environ.get("OUTBOX_FAILOVER_SEED", "11"))
@@ -68,8 +70,10 @@ def test_synchronous_primary_sends_nothing_while_its_standby_lags(tmp_path: Path
     print(figures(result))
     check_promise(result)
     assert result.pending_at_pause > 0
-    # no commit returned while the standby's receiver was paused: no claim, no fence, no email, no enqueue
-    assert result.acked_in_tail == 0 and result.emails_last_second_before_kill == 0
+    # no commit returned while the standby's receiver was paused (a commit already on its way back when the
+    # pause began may return just after it): no claim, no fence, no email, no enqueue in the last second
+    assert result.acked_last_second_before_kill == 0 and result.emails_last_second_before_kill == 0
+    assert result.acked_in_tail <= 2
 
 
 def test_asynchronous_failover_with_a_lost_tail_sends_again_and_loses_enqueues(tmp_path: Path) -> None:
@@ -80,5 +84,8 @@ def test_asynchronous_failover_with_a_lost_tail_sends_again_and_loses_enqueues(t
     assert result.duplicates and set(result.duplicates.values()) == {2}
     assert len(result.duplicates) <= result.pending_at_pause
     # the enqueues acknowledged during the tail are gone from the new primary, some of them already sent
-    assert result.lost and len(result.lost) <= result.acked_in_tail + 1
+    # (and the few acknowledged between the standby catching up and the pause)
+    assert result.lost and len(result.lost) <= result.acked_in_tail + 3
     assert result.sent_for_lost
+    with pytest.raises(AssertionError, match="emails sent more than once"):
+        check_promise(result)  # the checks of the synchronous runs see it
