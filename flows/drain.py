@@ -58,9 +58,8 @@ from prefect.client.schemas.objects import FlowRun, StateType
 from prefect.context import FlowRunContext
 from prefect.events import emit_event
 from prefect.runtime import flow_run as this_run
-from sqlalchemy.engine import make_url
 
-from outbox.db import async_engine, shown_url, sync_engine
+from outbox.db import async_engine, shown_database, sync_engine
 from outbox.executor import Executor, ExecutorConfig
 from outbox.executor.adapter import load_adapters
 from outbox.executor.config import DEFAULTS, start_line
@@ -130,7 +129,7 @@ async def _drain(
         carried_out = list(load_adapters(adapters)(engine))
         executor = Executor(engine, carried_out, config, listen_url=settings.listen_database_url)
         await require_declared(engine, (adapter.kind for adapter in carried_out))
-        logger.info("%s", start_line(executor.kinds, shown_url(make_url(url)), config))
+        logger.info("%s", start_line(executor.kinds, shown_database(url), config))
         executor.outcomes.listeners.append(emit_ended)
         started = asyncio.get_running_loop().time()
         watchers = [

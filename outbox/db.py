@@ -62,6 +62,12 @@ def _with_host_list(url: str) -> str:
     return f"{found['scheme']}{found['user'] or ''}{path or '/'}?{hosts}{'&' + query if query else ''}"
 
 
+def shown_database(url: str) -> str:
+    """A database URL as the operator wrote it, for a log line: its password (in its place or as a
+    parameter) as ***, every host of a multi-host URL kept."""
+    return hide_credentials(url.strip())
+
+
 def _parse(url: str) -> URL:
     try:
         parsed = make_url(_with_host_list(url))

@@ -264,9 +264,14 @@ def test_the_exporter_reads_through_the_pooler(
 
 
 def test_a_multi_host_url_skips_a_server_that_is_down(
-    pooler: PgBouncer, database_url: str, cli: Callable[..., CliResult], monkeypatch: pytest.MonkeyPatch
+    pooler: PgBouncer,
+    database_url: str,
+    sink: SmtpSink,
+    cli: Callable[..., CliResult],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """A libpq multi-host URL: the first host refuses connections, the second (the pooler) serves."""
+    """A libpq multi-host URL: the first host refuses connections, the second (the pooler) serves the
+    commands and an executor."""
     from tests.chaos.postgres import free_port
 
     database = make_url(database_url).database
@@ -274,3 +279,8 @@ def test_a_multi_host_url_skips_a_server_that_is_down(
     monkeypatch.setenv("OUTBOX_DATABASE_URL", url + "?target_session_attrs=read-write")
     result = cli("status")
     assert result.code == 0, result.err
+    for name, value in {"HOST": "127.0.0.1", "PORT": str(sink.port), "SENDER": "outbox@example.com"}.items():
+        monkeypatch.setenv(f"OUTBOX_SMTP_{name}", value)
+    ran = cli("run", "--adapters", "examples.accounts:adapters", "--max-seconds", "1")
+    assert ran.code == 0, ran.err
+    assert f"on {url}?target_session_attrs=read-write: concurrency" in ran.err  # as given, every host

@@ -106,9 +106,7 @@ async def _run(
     import logging
     import signal
 
-    from sqlalchemy.engine import make_url
-
-    from outbox.db import async_engine, shown_url
+    from outbox.db import async_engine, shown_database
     from outbox.executor import Executor
     from outbox.executor.config import start_line
     from outbox.kind_rows import require_declared
@@ -124,7 +122,7 @@ async def _run(
         adapters = list(factory(engine))
         executor = Executor(engine, adapters, config, listen_url=listen_url)
         await require_declared(engine, (adapter.kind for adapter in adapters))
-        logging.getLogger("outbox.run").info("%s", start_line(executor.kinds, shown_url(make_url(db.url)), config))
+        logging.getLogger("outbox.run").info("%s", start_line(executor.kinds, shown_database(db.url), config))
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, executor.stop)
