@@ -48,7 +48,7 @@ import outbox
 from demo.sink import SmtpSink
 from examples.accounts import notices, schema
 from outbox import migrate
-from outbox.db import psycopg_url, sync_engine
+from outbox.db import sync_engine
 from outbox.email.message import message_id
 from outbox.faults import own_database_fault
 from outbox.requests import ActionRequest
@@ -441,9 +441,7 @@ class Failover:
         assert self.sink is not None
         env = {
             **os.environ,
-            # the same two servers in SQLAlchemy's spelling: `outbox run` cannot print its start line for the
-            # libpq spelling (postgresql://u@h1:p1,h2:p2/db) yet
-            "OUTBOX_DATABASE_URL": psycopg_url(self.servers.url()),
+            "OUTBOX_DATABASE_URL": self.servers.url(),
             "OUTBOX_SMTP_HOST": "127.0.0.1",
             "OUTBOX_SMTP_PORT": str(self.sink.port),
             "OUTBOX_SMTP_SENDER": SENDER,
