@@ -182,15 +182,17 @@ def engine(database: Database, **options: Any) -> Engine:
     )
 
 
-def migrated_engine(database: Database, **options: Any) -> Engine:
+def migrated_engine(database: Database, *, ask_seconds: float = 0.0, **options: Any) -> Engine:
     """An engine on a database that holds the outbox schema (checked now). When the server accepted the
     connection and then ended it before the check was done (terminated, crashed or shutting down: SQLSTATE
-    57P01, 57P02, 57P03, or the connection lost mid-statement), the check is asked again on a new connection
-    until the connect timeout has passed: a long-running command started as its database fails over or
-    restarts waits for it. A connection that cannot be opened (refused, no answer, a wrong password) and a
-    database without the schema raise at once."""
+    57P01, 57P02, 57P03, or the connection lost mid-statement, as a pooler that refuses logins for a while
+    does), the check is asked again on a new connection until the connect timeout or `ask_seconds` has
+    passed, whichever is longer: a long-running command started as its database fails over or restarts
+    waits for it. A connection that cannot be opened (refused, no answer, a wrong password) and a database
+    without the schema raise at once."""
     checked = engine(database, **options)
-    deadline = time.monotonic() + database.connect_timeout
+    seconds = max(database.connect_timeout, ask_seconds)
+    deadline = time.monotonic() + seconds
     said = False
     try:
         while True:
@@ -203,7 +205,6 @@ def migrated_engine(database: Database, **options: Any) -> Engine:
                     raise
                 if not said:
                     reason = _one_line(str(error.orig))
-                    seconds = database.connect_timeout
                     log.warning("the database ended the session (%s): asking again for %d s", reason, seconds)
                     said = True
                 time.sleep(_RECHECK_SECONDS)

@@ -22,6 +22,9 @@ from outbox.limits import MAX_PAGE
 MAX_CONCURRENCY = 10_000
 # a claim's lease: more than the 60 s write window, at most a day
 MAX_LEASE_SECONDS = 86_400
+# how long an executor starting while its database ends every session (a restart, a failover, a pooler
+# refusing logins for its server_login_retry of 15 s) asks again before it exits 1
+START_ASK_SECONDS = 60.0
 
 if TYPE_CHECKING:
     from rich.table import Table
@@ -84,7 +87,7 @@ def run(
     config = ExecutorConfig(concurrency=concurrency, claim_batch=claim_batch, lease_seconds=lease_seconds)
     factory = load_adapters(adapters)
     log_to_stderr()
-    migrated_engine(db).dispose()
+    migrated_engine(db, ask_seconds=START_ASK_SECONDS).dispose()
     try:
         outcomes = asyncio.run(_run(db, factory, config, max_actions, max_seconds, listen_database_url))
     except KindsNotDeclared as refused:  # one line per kind, then nothing claimed
