@@ -72,6 +72,16 @@ def refused_options(error: BaseException) -> bool:
     return isinstance(error, psycopg.OperationalError) and _REFUSED_OPTION in str(error)
 
 
+def _second_try(error: psycopg.OperationalError, params: dict[str, Any]) -> dict[str, Any]:
+    """The parameters to connect with again after `error`: `params` without outbox's startup option when a
+    pooler refused it (said once); any other error is raised as it is."""
+    fewer = without_own_options(params) if refused_options(error) else None
+    if fewer is None:
+        raise error
+    _say_refused(params)
+    return fewer
+
+
 def _say_refused(params: dict[str, Any]) -> None:
     global _said_refused
     if not _said_refused:
@@ -119,17 +129,19 @@ async def bind_pooled_async(conn: psycopg.AsyncConnection[Any]) -> bool:
     return pooled
 
 
+def behind_pooler(conn: psycopg.AsyncConnection[Any]) -> bool:
+    """Whether a connection of `connect_async` reaches PostgreSQL through a pooler: exactly those prepare
+    nothing."""
+    return conn.prepare_threshold is None
+
+
 async def connect_async(conninfo: str, **kwargs: Any) -> psycopg.AsyncConnection[Any]:
     """A psycopg async connection on `conninfo` by the rules above (`kwargs`: psycopg's, such as autocommit)."""
     params = with_tcp_bounds(dict(psycopg.conninfo.conninfo_to_dict(conninfo)))
     try:
         conn = await psycopg.AsyncConnection.connect(**params, **kwargs)
     except psycopg.OperationalError as error:
-        fewer = without_own_options(params) if refused_options(error) else None
-        if fewer is None:
-            raise
-        _say_refused(params)
-        conn = await psycopg.AsyncConnection.connect(**fewer, **kwargs)
+        conn = await psycopg.AsyncConnection.connect(**_second_try(error, params), **kwargs)
     try:
         await bind_pooled_async(conn)
     except BaseException:
@@ -154,11 +166,7 @@ def _do_connect(dialect: Any, record: Any, cargs: Any, cparams: dict[str, Any]) 
     try:
         return dialect.connect(*cargs, **cparams)
     except psycopg.OperationalError as error:
-        fewer = without_own_options(cparams) if refused_options(error) else None
-        if fewer is None:
-            raise
-        _say_refused(cparams)
-        return dialect.connect(*cargs, **fewer)
+        return dialect.connect(*cargs, **_second_try(error, cparams))
 
 
 def _on_connect(dbapi_connection: Any, record: Any) -> None:

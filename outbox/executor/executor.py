@@ -41,7 +41,7 @@ from typing import TypeVar
 import psycopg
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from outbox.connection import connect_async
+from outbox.connection import behind_pooler, connect_async
 from outbox.db import conninfo, fault_text, url_conninfo
 from outbox.executor.adapter import ActionAdapter
 from outbox.executor.attempt import ActionAttempt, FenceRefused
@@ -252,7 +252,7 @@ class Executor:
         while True:
             try:
                 async with await connect_async(url, autocommit=True) as conn:
-                    if self._listen_url is None and conn.prepare_threshold is None:
+                    if self._listen_url is None and behind_pooler(conn):
                         log.info(
                             "the database is reached through a connection pooler, where LISTEN does not last:"
                             " polling every %g s (set OUTBOX_LISTEN_DATABASE_URL to a direct connection to"

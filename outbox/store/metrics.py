@@ -49,7 +49,6 @@ MERGE_ATTEMPT_TALLIES = _merge_tally("agent_action_attempt_tally", ("kind", "res
 MERGE_ENDED_TALLIES = _merge_tally("agent_action_ended_tally", ("kind", "state", "reason"), ("n",))
 MERGE_LATENCY_TALLIES = _merge_tally("agent_action_latency_tally", ("kind", "metric", "le"), ("n", "total"))
 MERGE_TALLIES = (MERGE_ATTEMPT_TALLIES, MERGE_ENDED_TALLIES, MERGE_LATENCY_TALLIES)
-# a merge in a transaction of its own: how long it may run, and wait for a lock (milliseconds)
 # a merge's transaction: each statement, each lock wait and each pause between statements at most :ms (a
 # merging executor that freezes or loses its network mid-way holds the tally rows no longer than that)
 BOUND_MERGE = text("""
