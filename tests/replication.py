@@ -54,7 +54,8 @@ from outbox.faults import own_database_fault
 from outbox.requests import ActionRequest
 from outbox.testing import install_kinds
 from tests import kinds
-from tests.chaos.postgres import free_port
+from tests.chaos.postgres import free_port, run_program
+from tests.support import until
 
 STANDBY_NAME = "standby1"
 # the settings of both servers: small, quick, and enough connections for several executors and a driver
@@ -269,14 +270,7 @@ class Replicated:
         self._run("pg_ctl", "-D", str(data), "-w", "-t", "60", "-l", str(self.root / f"{data.name}.log"), *args)
 
     def _run(self, program: str, *args: str) -> None:
-        # not pipes: the server pg_ctl starts inherits them, and reading them would wait for its exit
-        with tempfile.TemporaryFile() as output:
-            done = subprocess.run(
-                [str(self.bin / program), *args], stdout=output, stderr=output, user=self.user, cwd=self.root
-            )
-            if done.returncode != 0:
-                output.seek(0)
-                raise RuntimeError(f"{program} {' '.join(args)} failed: {output.read().decode(errors='replace')}")
+        run_program(self.bin, program, *args, user=self.user, cwd=self.root)
 
     @staticmethod
     def _until(condition: Callable[[], bool], timeout: float, what: str) -> None:
@@ -435,7 +429,7 @@ class Failover:
         self.sink = SmtpSink(seed=self.config.seed).start()
         for index in range(self.config.executors):
             self.processes.append(self._start_executor(index))
-        self._until(self._all_beat, 60, "every executor's first heartbeat")
+        until(self._all_beat, 60, "every executor's first heartbeat")
 
     def _start_executor(self, index: int) -> subprocess.Popen[bytes]:
         assert self.sink is not None
@@ -468,7 +462,7 @@ class Failover:
         assert sink is not None
         self._enqueuer = threading.Thread(target=self._enqueue_loop, name="failover-enqueue", daemon=True)
         self._enqueuer.start()
-        self._until(lambda: len(sink.received) >= config.warm_emails, 60, f"{config.warm_emails} emails")
+        until(lambda: len(sink.received) >= config.warm_emails, 60, f"{config.warm_emails} emails")
         self._wait(self.rng.uniform(*config.kill_after))
         if config.lost_tail:
             self._lost_tail()
@@ -499,7 +493,7 @@ class Failover:
         self._wait(self.config.pile_seconds)
         with self.servers.connect(self.servers.primary_port) as conn:
             target = _lsn(str(conn.execute("SELECT pg_current_wal_lsn()").fetchone()[0]))  # type: ignore[index]
-        self._until(lambda: _lsn(self.servers.lsns()[1]) >= target, 30, "the standby to catch up")
+        until(lambda: _lsn(self.servers.lsns()[1]) >= target, 30, "the standby to catch up")
         self.servers.pause_standby()
         self.paused_at = time.time()
         sent = {r.message_id.strip() for r in self.sink.received}
@@ -659,14 +653,6 @@ class Failover:
     def _wait(seconds: float) -> None:
         """A planned interval of the scenario (load keeps running meanwhile), not a synchronisation."""
         time.sleep(seconds)
-
-    @staticmethod
-    def _until(condition: Callable[[], bool], timeout: float, what: str) -> None:
-        deadline = time.monotonic() + timeout
-        while not condition():
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"timed out after {timeout} s waiting for {what}")
-            time.sleep(0.05)
 
 
 def _lsn(lsn: str) -> int:

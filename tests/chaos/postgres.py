@@ -42,14 +42,7 @@ class OwnPostgres:
         self.url = f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/postgres"
 
     def _run(self, program: str, *args: str) -> None:
-        # not pipes: the server pg_ctl starts inherits them, and reading them would wait for its exit
-        with tempfile.TemporaryFile() as output:
-            done = subprocess.run(
-                [str(self.bin / program), *args], stdout=output, stderr=output, user=self.user, cwd=self.root
-            )
-            if done.returncode != 0:
-                output.seek(0)
-                raise RuntimeError(f"{program} {' '.join(args)} failed: {output.read().decode(errors='replace')}")
+        run_program(self.bin, program, *args, user=self.user, cwd=self.root)
 
     def restart(self, mode: str) -> float:
         """Restart the server (`fast` or `immediate`); returns the seconds it took."""
@@ -63,6 +56,16 @@ class OwnPostgres:
             self._run("pg_ctl", "-D", str(self.data), "-w", "-t", "60", "-m", "fast", "stop")
         finally:
             shutil.rmtree(self.root, ignore_errors=True)
+
+
+def run_program(bin_dir: Path, program: str, *args: str, user: str | None, cwd: Path) -> None:
+    """Run one of the PostgreSQL programs in `bin_dir` as `user`; RuntimeError with its output if it fails."""
+    # not pipes: the server pg_ctl starts inherits them, and reading them would wait for its exit
+    with tempfile.TemporaryFile() as output:
+        done = subprocess.run([str(bin_dir / program), *args], stdout=output, stderr=output, user=user, cwd=cwd)
+        if done.returncode != 0:
+            output.seek(0)
+            raise RuntimeError(f"{program} {' '.join(args)} failed: {output.read().decode(errors='replace')}")
 
 
 def free_port() -> int:
