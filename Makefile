@@ -23,12 +23,13 @@ check: venv
 	$(BIN)/lint-imports
 
 # Debian packages the tests use: prometheus (promtool and a real scrape), chromium (the Prefect UI),
-# pgbouncer (the executor, the enqueue and the commands behind a pooler)
+# pgbouncer (the executor, the enqueue and the commands behind a pooler), nats-server (JetStream, the
+# NATS_EVENT kind's provider)
 system-packages:
 	@if ! command -v promtool >/dev/null || ! command -v prometheus >/dev/null || ! command -v chromium >/dev/null \
-		|| ! test -x /usr/sbin/pgbouncer; then \
+		|| ! test -x /usr/sbin/pgbouncer || ! test -x /usr/sbin/nats-server; then \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-			prometheus chromium pgbouncer >/dev/null; \
+			prometheus chromium pgbouncer nats-server >/dev/null; \
 	fi
 
 test: system-packages check

@@ -1,16 +1,20 @@
 """outbox: carry out a product's effects on the outside world as reliably as the database that records them.
 
 The public API, re-exported; nothing else. Each name loads its module on first use, so importing `outbox`
-(or the `outbox` command) costs nothing it does not use. It registers the kinds outbox brings (EMAIL, from
-`outbox.email.kind`, which loads no SMTP client) and nothing else: an application registers its own kinds'
-adapters and email notices.
+(or the `outbox` command) costs nothing it does not use. It registers the kinds outbox brings (EMAIL, WEBHOOK and
+NATS_EVENT, from `outbox.email.kind`, `outbox.webhook.kind` and `outbox.nats.kind`, which load no client
+library) and nothing else: an application registers its own kinds' adapters, email notices, webhook
+endpoints and events.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import outbox.email.kind  # noqa: F401  (EMAIL's declaration, ActionKind.EMAIL; nothing else of outbox.email)
+# the kinds' declarations (ActionKind.EMAIL, WEBHOOK, NATS_EVENT), and nothing else of their packages
+import outbox.email.kind
+import outbox.nats.kind
+import outbox.webhook.kind  # noqa: F401
 from outbox.exports import lazy_names
 
 if TYPE_CHECKING:

@@ -7,6 +7,10 @@ The database holds the same declaration as a row of `agent_action_kind` (step 2 
 no kind: each kind registers itself in its own module (`EMAIL` in `outbox.email.kind`, which importing
 `outbox` loads).
 
+A kind may declare its own retry schedule, the waits after its first, second, ... retry (`retry_schedule`,
+in seconds; the last one repeats); without one, a retry waits the executor's exponential backoff
+(`outbox.executor.backoff`). A schedule is the code's alone: the database row does not hold it.
+
 A kind may also name a payload check, `"module:function"`:
 
     validate(request) --generic checks--> kind.check_payload(payload) --first use--> import module, find function
@@ -48,6 +52,8 @@ class ActionKind:
     `workspace_level`: the action may belong to a workspace. A kind may allow both.
     `payload_check`: `"module:function"`, called with the payload at enqueue after the generic checks;
     the function raises InvalidRequest to refuse the payload.
+    `retry_schedule`: the seconds the first, second, ... retry waits (the last repeats), each up to 10 %
+    longer at random; None: the exponential backoff every other kind waits.
     """
 
     name: str
@@ -55,10 +61,13 @@ class ActionKind:
     instance_level: bool
     workspace_level: bool = True
     payload_check: str | None = None
+    retry_schedule: tuple[float, ...] | None = None
 
     _registry: ClassVar[dict[str, ActionKind]] = {}
     # the public name of a kind outbox brings, set by the kind's own module (outbox.email.kind)
     EMAIL: ClassVar[ActionKind]
+    WEBHOOK: ClassVar[ActionKind]
+    NATS_EVENT: ClassVar[ActionKind]
 
     def __str__(self) -> str:
         return self.name
@@ -77,6 +86,7 @@ class ActionKind:
         instance_level: bool,
         workspace_level: bool = True,
         payload_check: str | None = None,
+        retry_schedule: tuple[float, ...] | None = None,
     ) -> ActionKind:
         """Add a kind (step 1 of "Add a kind"). Registering the same declaration again is harmless."""
         if not is_kind_name(name):
@@ -87,7 +97,11 @@ class ActionKind:
             raise ValueError(f"kind {name} must allow instance level, workspace level or both")
         if payload_check is not None and not _is_check_path(payload_check):
             raise ValueError(f"kind {name}: payload_check {payload_check!r} must be 'module:function'")
-        kind = cls(name, at_most_once, instance_level, workspace_level, payload_check)
+        if retry_schedule is not None and (
+            not retry_schedule or not all(isinstance(s, int | float) and 0 <= s < 10**7 for s in retry_schedule)
+        ):
+            raise ValueError(f"kind {name}: retry_schedule must be one or more waits of 0 to 10^7 seconds")
+        kind = cls(name, at_most_once, instance_level, workspace_level, payload_check, retry_schedule)
         known = cls._registry.get(name)
         if known is not None and known != kind:
             raise ValueError(f"kind {name} is already registered as {known!r}")

@@ -128,6 +128,12 @@ class ActionAttempt:
         """True when an earlier attempt may have written: a read-back adapter looks before writing."""
         return self.action.prior_write_started_at is not None
 
+    def claimed_before(self) -> bool:
+        """True when this action was claimed before this attempt: an earlier attempt may have written,
+        even where a retry after its fence cleared the mark `write_started()` reads. An adapter that looks
+        up its earlier write whenever this is true never depends on that mark."""
+        return self.action.epoch > 1
+
     def fence(self) -> Fence:
         return Fence(self)
 

@@ -374,7 +374,7 @@ def finish_write(action: ClaimedAction, result: Result, *, fenced: bool = True) 
         case Retry(reason=text, after=after):
             if action.attempt >= action.max_attempts:
                 return FinishWrite(ActionState.FAILED, StopReason.ATTEMPTS_EXHAUSTED, last_error=error_text(text))
-            delay = after if after is not None else retry_delay(action.attempt)
+            delay = after if after is not None else retry_delay(action.attempt, action.kind.retry_schedule)
             fence = "clear" if fenced else "restore"
             return FinishWrite(ActionState.ADMITTED, delay_seconds=delay, fence=fence, last_error=error_text(text))
         case Defer(reason=text, after=after):
