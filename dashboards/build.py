@@ -129,6 +129,28 @@ EMAILS_PANEL_ID = 100
 EMAILS_PANEL_TITLE = "Recent UNCERTAIN and FAILED emails"
 
 
+# Webhooks and events an operator must decide on: the same shape as the emails, with what finds each at its
+# provider (the event type, the endpoint or subject, the webhook-id or Nats-Msg-Id its adapter noted).
+_EFFECTS_ENDED = """SELECT id, kind, trace->>'event_type' AS event_type,
+                coalesce(trace->>'endpoint', trace->>'subject') AS destination,
+                coalesce(trace->>'webhook_id', trace->>'msg_id') AS provider_id, state,
+                stop_reason AS reason, last_error, ended_at
+           FROM agent_action
+          WHERE state = '{state}' AND kind IN ('WEBHOOK', 'NATS_EVENT') AND ended_at > now() - interval '7 days'
+          ORDER BY ended_at DESC
+          LIMIT 50"""
+EFFECTS_SQL = f"""SELECT id, kind, event_type, destination, provider_id, state, reason, last_error, ended_at
+  FROM (({_EFFECTS_ENDED.format(state="UNCERTAIN")})
+        UNION ALL
+        ({_EFFECTS_ENDED.format(state="FAILED")})) AS e
+ ORDER BY ended_at DESC
+ LIMIT 50"""
+EFFECTS_PANEL_ID = 101
+EFFECTS_PANEL_TITLE = "Recent UNCERTAIN and FAILED webhooks and events"
+# the kinds whose effects reach a receiver or a stream, and read back
+EFFECT_KINDS = 'kind=~"WEBHOOK|NATS_EVENT"'
+
+
 def quantiles(metric: str, by: str = "le") -> list[Query]:
     return [
         Query(f"histogram_quantile({q}, sum by ({by}) (rate({metric}_bucket{{{KIND}}}[{RATE}])))", f"p{int(q * 100)}")
@@ -165,6 +187,15 @@ def overview() -> dashboard.Dashboard:
                 "short",
                 Query('sum(increase(action_ended_total{kind="EMAIL",state="UNCERTAIN"}[24h]))'),
                 f"Emails that may or may not have gone out: see [the runbook]({RUNBOOK}-uncertain-email).",
+            )
+        )
+        .with_panel(
+            number(
+                "UNCERTAIN webhooks and events, 24 h",
+                "short",
+                Query(f'sum(increase(action_ended_total{{{EFFECT_KINDS},state="UNCERTAIN"}}[24h]))'),
+                "Webhooks and events that may or may not have reached their receiver or stream: see"
+                f" [the runbook]({RUNBOOK}-uncertain-webhook-or-event).",
             )
         )
         .with_panel(
@@ -268,6 +299,22 @@ def overview() -> dashboard.Dashboard:
                 f" Message-ID; see [the runbook]({RUNBOOK}-uncertain-email)."
             )
             .with_target(SqlQuery(EMAILS_SQL))
+        )
+        .with_row(dashboard.Row("Webhooks and events to decide on"))
+        .with_panel(
+            table.Panel()
+            .id(EFFECTS_PANEL_ID)
+            .title(EFFECTS_PANEL_TITLE)
+            .unit("short")
+            .height(10)
+            .span(24)
+            .datasource(DataSourceRef(type_val="grafana-postgresql-datasource", uid=POSTGRES_UID))
+            .description(
+                "The last 7 days, newest first, read through outbox_reader. provider_id is the webhook-id the"
+                " receiver deduplicates by, or the event's Nats-Msg-Id in its stream; see"
+                f" [the runbook]({RUNBOOK}-uncertain-webhook-or-event)."
+            )
+            .with_target(SqlQuery(EFFECTS_SQL))
         )
         .with_row(dashboard.Row("Lanes"))
         .with_panel(
@@ -406,6 +453,34 @@ ALERTS = [
         "outbox will not send it again: the relay refused it or its attempts ran out. Find it with "
         "`outbox list --state FAILED --kind EMAIL --since 1h`.",
         "failed-email",
+    ),
+    Alert(
+        "outbox-effect-uncertain",
+        "OutboxEffectUncertain",
+        f'sum by (kind, reason) (increase(action_ended_total{{{EFFECT_KINDS},state="UNCERTAIN"}}[5m]))',
+        "gt",
+        0,
+        "0m",
+        "page",
+        "A {{ $labels.kind }} action ended UNCERTAIN ({{ $labels.reason }})",
+        "outbox cannot tell whether the receiver or the stream holds it, and will not send it again. Find it "
+        "with `outbox list --state UNCERTAIN --kind {{ $labels.kind }} --since 1h`; `outbox show ID` gives its "
+        "webhook-id or message id to look for.",
+        "uncertain-webhook-or-event",
+        panel_id=EFFECTS_PANEL_ID,
+    ),
+    Alert(
+        "outbox-effect-failed",
+        "OutboxEffectFailed",
+        f'sum by (kind, reason) (increase(action_ended_total{{{EFFECT_KINDS},state="FAILED"}}[1h]))',
+        "gt",
+        0,
+        "0m",
+        "ticket",
+        "A {{ $labels.kind }} action ended FAILED ({{ $labels.reason }})",
+        "outbox will not send it again: the receiver refused it for good (410) or its retry schedule ran out. "
+        "Find it with `outbox list --state FAILED --kind {{ $labels.kind }} --since 1h`.",
+        "failed-webhook-or-event",
     ),
     Alert(
         "outbox-expired-leases",

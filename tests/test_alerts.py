@@ -60,6 +60,9 @@ def rising(per_minute: float) -> Callable[[int], float]:
 EMAIL_DONE = 'action_ended_total{kind="EMAIL",state="DONE",reason="CONFIRMED"}'
 UNCERTAIN = 'action_ended_total{kind="EMAIL",state="UNCERTAIN",reason="PROVIDER_UNCERTAIN"}'
 FAILED = 'action_ended_total{kind="EMAIL",state="FAILED",reason="PROVIDER_REFUSED"}'
+WEBHOOK_DONE = 'action_ended_total{kind="WEBHOOK",state="DONE",reason="CONFIRMED"}'
+EVENT_UNCERTAIN = 'action_ended_total{kind="NATS_EVENT",state="UNCERTAIN",reason="PROVIDER_UNCERTAIN"}'
+WEBHOOK_FAILED = 'action_ended_total{kind="WEBHOOK",state="FAILED",reason="ATTEMPTS_EXHAUSTED"}'
 
 # alert ──▶ (firing, quiet); every alert's `noDataState` is asserted in NO_DATA
 SCENARIOS: dict[str, tuple[Scenario, Scenario]] = {
@@ -94,6 +97,15 @@ SCENARIOS: dict[str, tuple[Scenario, Scenario]] = {
         {FAILED: counter_step(-10), EMAIL_DONE: rising(5)},
         {FAILED: constant(0), EMAIL_DONE: rising(5)},
     ),
+    # an email that ended UNCERTAIN or FAILED is not one of these (the quiet scenarios hold one)
+    "OutboxEffectUncertain": (
+        {EVENT_UNCERTAIN: counter_step(-2), WEBHOOK_DONE: rising(5)},
+        {EVENT_UNCERTAIN: constant(0), UNCERTAIN: counter_step(-2), WEBHOOK_DONE: rising(5)},
+    ),
+    "OutboxEffectFailed": (
+        {WEBHOOK_FAILED: counter_step(-10), WEBHOOK_DONE: rising(5)},
+        {WEBHOOK_FAILED: constant(0), FAILED: counter_step(-10), WEBHOOK_DONE: rising(5)},
+    ),
     "OutboxExpiredLeases": (
         {'outbox_expired_leases{kind="EMAIL"}': constant(1), 'outbox_expired_leases{kind="TEST"}': constant(0)},
         {'outbox_expired_leases{kind="EMAIL"}': constant(0), 'outbox_expired_leases{kind="TEST"}': constant(0)},
@@ -107,6 +119,8 @@ NO_DATA = {
     "OutboxPurgeFailing": "Normal",
     "OutboxExporterDown": "Alerting",
     "OutboxEmailFailed": "Normal",
+    "OutboxEffectUncertain": "Normal",
+    "OutboxEffectFailed": "Normal",
     "OutboxExpiredLeases": "Normal",
 }
 EMPTY_AT = BASE  # no sample exists before the first window

@@ -162,6 +162,48 @@ def test_the_email_table_reads_uncertain_and_failed_emails_as_a_reader_login(
     assert "ix_agent_action_uncertain" in plan, plan
 
 
+def test_the_effects_table_reads_uncertain_and_failed_webhooks_and_events_as_a_reader_login(
+    engine: Engine, admin_engine: Engine, database_url: str
+) -> None:
+    """The webhooks-and-events panel's SQL as a reader login: each UNCERTAIN or FAILED WEBHOOK and
+    NATS_EVENT of the last 7 days with where it went and the id its provider knows it by; no email."""
+    hook = insert_ended(engine, ended_ago=timedelta(hours=1), state="UNCERTAIN", stop_reason="PROVIDER_UNCERTAIN")
+    event = insert_ended(engine, ended_ago=timedelta(hours=2), state="FAILED", stop_reason="ATTEMPTS_EXHAUSTED")
+    email = insert_ended(engine, ended_ago=timedelta(hours=1), state="UNCERTAIN", stop_reason="PROVIDER_UNCERTAIN")
+    done = insert_ended(engine, ended_ago=timedelta(hours=1))
+    traces = {
+        hook[0]: ("WEBHOOK", {"event_type": "invoice.paid", "endpoint": "billing", "webhook_id": "msg_1"}),
+        event[0]: ("NATS_EVENT", {"event_type": "order.created", "subject": "orders.created.ev1", "msg_id": "ev1"}),
+        email[0]: ("EMAIL", {"notice": "n", "message_id": "<m>"}),
+        done[0]: ("WEBHOOK", {"event_type": "invoice.paid", "endpoint": "billing", "webhook_id": "msg_2"}),
+    }
+    with engine.begin() as conn:
+        conn.execute(text("SET LOCAL session_replication_role = replica"))  # ended rows are guarded
+        for ident, (kind, trace) in traces.items():
+            conn.execute(
+                text("UPDATE agent_action SET kind = :kind, trace = CAST(:trace AS jsonb) WHERE id = :id"),
+                {"id": ident, "kind": kind, "trace": json.dumps(trace)},
+            )
+    with reader_login(admin_engine, database_url) as url:
+        reader = create_engine(url)
+        try:
+            with reader.connect() as conn:
+                rows = conn.execute(text(build.EFFECTS_SQL)).mappings().all()
+        finally:
+            reader.dispose()
+    assert [(r["id"], r["kind"], r["event_type"], r["destination"], r["provider_id"], r["state"]) for r in rows] == [
+        (hook[0], "WEBHOOK", "invoice.paid", "billing", "msg_1", "UNCERTAIN"),
+        (event[0], "NATS_EVENT", "order.created", "orders.created.ev1", "ev1", "FAILED"),
+    ]
+
+
+def test_the_uncertain_effect_alert_links_to_the_effects_table() -> None:
+    grafana = yaml.safe_load(build.GRAFANA_RULES_FILE.read_text())
+    rule = {r["uid"]: r for g in grafana["groups"] for r in g["rules"]}["outbox-effect-uncertain"]
+    linked = [p for p in DASHBOARD["panels"] if str(p.get("id")) == rule["annotations"]["__panelId__"]]
+    assert [t["rawSql"] for t in linked[0]["targets"]] == [build.EFFECTS_SQL]
+
+
 def test_the_uncertain_email_alert_links_to_the_email_table() -> None:
     grafana = yaml.safe_load(build.GRAFANA_RULES_FILE.read_text())
     rule = {r["uid"]: r for g in grafana["groups"] for r in g["rules"]}["outbox-email-uncertain"]
