@@ -78,7 +78,7 @@ async def look(js: JetStreamContext, stream: str, subject: str, token: str, trac
     if noted_stream != stream:
         return Unprovable(f"read-back: the event went to stream {noted_stream}, the subject is now in {stream}")
     info = await js.stream_info(stream)
-    retention = info.config.retention or RetentionPolicy.LIMITS
+    retention = RetentionPolicy(info.config.retention or RetentionPolicy.LIMITS)  # nats-py may give the text
     if retention != RetentionPolicy.LIMITS:
         return Unprovable(
             f"read-back: stream {stream} has {retention.value} retention: a message consumed from it is gone,"

@@ -135,7 +135,7 @@ async def _ensure(js: JetStreamContext, spec: StreamSpec) -> Ensured:
 def compare(found: StreamConfig, spec: StreamSpec) -> Ensured:
     """What differs between an existing stream and `spec`."""
     problems: list[str] = []
-    retention = found.retention or RetentionPolicy.LIMITS
+    retention = RetentionPolicy(found.retention or RetentionPolicy.LIMITS)  # nats-py may give the text
     if retention != RetentionPolicy.LIMITS:
         problems.append(f"retention is {retention.value}, read-back needs limits")
     subjects = found.subjects or []
@@ -143,7 +143,7 @@ def compare(found: StreamConfig, spec: StreamSpec) -> Ensured:
         if not any(covers(pattern, subject) for pattern in subjects):
             problems.append(f"subject {subject} is not among the stream's subjects ({', '.join(subjects) or 'none'})")
     notes: list[str] = []
-    storage = found.storage or StorageType.FILE
+    storage = StorageType(found.storage or StorageType.FILE)
     if storage != StorageType.FILE:
         notes.append(f"storage is {storage.value}: a server restart loses the messages, and read-back then cannot tell")
     if found.duplicate_window != spec.duplicate_window_seconds:
