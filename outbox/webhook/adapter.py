@@ -1,0 +1,225 @@
+"""WebhookAdapter: the only adapter of WEBHOOK and the only code that sends webhooks over HTTP.
+
+    payload ─▶ event type (registered?) ─▶ note trace: event_type, endpoint, webhook_id
+        ─▶ query rows ─▶ compose ─ None ─▶ Cancelled NOT_WANTED
+                                 ─ raised, not JSON, body > 256 KiB ─▶ Failed (nothing was sent)
+        ─▶ body and signature for now ─▶ fence ─▶ ONE POST (no redirect followed), bounded by
+           min(request_seconds, the window) ─▶ the response's status and at most 64 KiB of its body ─▶ classify
+
+Every attempt of an action sends the same webhook-id with a fresh webhook-timestamp and signature; the
+receiver keeps one effect per webhook-id. So sending again IS the read-back: after a reclaim
+(`attempt.write_started()` or `attempt.claimed_before()`) the adapter looks nothing up, it sends again,
+and a receiver that already holds the webhook answers 2xx without a second effect. As senders of
+webhooks do, every answer but 2xx is retried (a redirect is never followed; it counts as a failure):
+
+| what happened                                                | result                                        |
+| 2xx                                                          | Done: `"<status> webhook-id=<id>"`, and        |
+|                                                              | ` receiver-id=<id>` for a short printable `id` |
+|                                                              | in a JSON answer                               |
+| 410 Gone                                                     | Failed PROVIDER_REFUSED, at once               |
+| 429 or 503 with Retry-After (seconds or an HTTP date)        | Defer, the wait clamped to 1 s .. 1 h          |
+| 3xx (not followed), any other 4xx, 429 / 503 without         | Retry (the schedule)                           |
+| Retry-After, 5xx                                             |                                                |
+| refused, DNS failure, connect timeout, TLS handshake failure | Retry: nothing was sent                        |
+| timeout, reset or protocol error once the request was sent   | Retry with the same webhook-id; at the        |
+|                                                              | action's last attempt Uncertain               |
+|                                                              | PROVIDER_UNCERTAIN (Failed would claim the    |
+|                                                              | receiver holds nothing)                       |
+
+Results carry status codes and stage names only (connect, tls, send, response, body), never the URL's
+query, the body or the response's text: the executor keeps each reason as the action's last_error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import re
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
+from typing import Any
+
+import httpx
+from sqlalchemy.ext.asyncio import AsyncEngine
+from standardwebhooks import Webhook
+
+from outbox.errors import InvalidRequest
+from outbox.executor import ActionAdapter, ActionAttempt, Cancelled, Defer, Done, Failed, Result, Retry, Uncertain
+from outbox.executor.attempt import WriteWindow
+from outbox.kinds import ActionKind
+from outbox.webhook.endpoints import WebhookEndpoint, endpoint_secret, registered_endpoints
+from outbox.webhook.events import UnknownEvent, event_of
+from outbox.webhook.kind import WEBHOOK
+from outbox.webhook.message import InvalidBody, SignedRequest, body, signed, webhook_id
+
+# the longest a request may take, unless the write window ends sooner
+REQUEST_SECONDS = 15.0
+# the most of a response's body read
+RESPONSE_LIMIT = 64 * 1024
+# a Retry-After is clamped to this range of seconds
+DEFER_BOUNDS = (1.0, 3600.0)
+# a receiver's id kept in readback_ref: short, printable, no spaces
+_RECEIVER_ID = re.compile(r"[\x21-\x7e]{1,100}")
+# the stage an httpcore trace event starts; before any: connect
+_STAGES = {
+    "connection.connect_tcp.started": "connect",
+    "connection.connect_unix_socket.started": "connect",
+    "connection.start_tls.started": "tls",
+    "http11.send_request_headers.started": "send",
+    "http2.send_request_headers.started": "send",
+    "http11.receive_response_headers.started": "response",
+    "http2.receive_response_headers.started": "response",
+}
+_NOTHING_SENT = ("connect", "tls")
+
+
+class WebhookAdapter:
+    """Looks up every registered endpoint's secret when built: a missing or malformed one raises
+    WebhookSecretError here, before anything runs."""
+
+    def __init__(self, engine: AsyncEngine, *, request_seconds: float = REQUEST_SECONDS) -> None:
+        if not (isinstance(request_seconds, int | float) and 0 < request_seconds <= 60):
+            raise ValueError(f"request_seconds must be more than 0 and at most 60, not {request_seconds!r}")
+        self._engine = engine
+        self.request_seconds = float(request_seconds)
+        self._signers = {e.name: (e, Webhook(endpoint_secret(e))) for e in registered_endpoints()}
+        # identity: the body read is the body sent, never a small compressed answer that unpacks to megabytes
+        self._client = httpx.AsyncClient(
+            follow_redirects=False, timeout=self.request_seconds, headers={"accept-encoding": "identity"}
+        )
+
+    @property
+    def kind(self) -> ActionKind:
+        return WEBHOOK
+
+    async def aclose(self) -> None:
+        """Close the adapter's connections."""
+        await self._client.aclose()
+
+    async def execute(self, attempt: ActionAttempt) -> Result:
+        action = attempt.action
+        try:
+            definition, event = event_of(action.payload)
+        except (UnknownEvent, InvalidRequest) as unknown:  # a deploy may bring the event type back
+            return Retry(f"payload: {unknown}")
+        msg_id = webhook_id(action.idempotency_key)
+        # what traces the webhook once its payload is gone: written with the fence, or with the result
+        attempt.note(event_type=definition.name, endpoint=definition.endpoint, webhook_id=msg_id)
+        found = self._signers.get(definition.endpoint)
+        if found is None:
+            return Retry(
+                f"endpoint: {definition.endpoint} was registered after the adapter was built; it has no secret"
+            )
+        endpoint, signer = found
+        async with self._engine.connect() as conn:
+            rows = await definition.rows_async(conn, event)
+        try:
+            data = definition.compose(event, rows)
+        except Exception as error:  # the application's compose: nothing was sent
+            return Failed(f"compose: the {definition.name} event's compose raised {type(error).__name__}")
+        if data is None:
+            return Cancelled(f"compose: the {definition.name} event has nothing to send now")
+        now = datetime.now(UTC)
+        try:
+            request = signed(msg_id, now, body(definition.name, data, now), signer)
+        except InvalidBody as invalid:
+            return Failed(f"compose: {invalid}")
+        window = await attempt.fence().begin_write()
+        return await self._post(window, endpoint, request, last=action.attempt >= action.max_attempts)
+
+    async def _post(
+        self, window: WriteWindow, endpoint: WebhookEndpoint, request: SignedRequest, *, last: bool
+    ) -> Result:
+        stage = "connect"
+
+        async def trace(name: str, info: Mapping[str, Any]) -> None:
+            nonlocal stage
+            stage = _STAGES.get(name, stage)
+
+        msg_id = request.headers["webhook-id"]
+        status: int | None = None
+        head = httpx.Headers()
+        answer = b""
+        try:
+            bound = min(self.request_seconds, window.check())
+            async with asyncio.timeout(bound):
+                async with self._client.stream(
+                    "POST",
+                    endpoint.url,
+                    content=request.body,
+                    headers=request.headers,
+                    timeout=bound,
+                    extensions={"trace": trace},
+                ) as response:
+                    status, head = response.status_code, response.headers
+                    stage = "body"
+                    async for chunk in response.aiter_raw():
+                        answer += chunk
+                        if len(answer) >= RESPONSE_LIMIT:
+                            break
+        except (httpx.RequestError, TimeoutError, OSError) as error:
+            if status is None:
+                return _unanswered(stage, type(error).__name__, last)
+        return classify(status, head.get("retry-after"), answer[:RESPONSE_LIMIT], msg_id)
+
+
+def _unanswered(stage: str, error: str, last: bool) -> Result:
+    if stage in _NOTHING_SENT:
+        return Retry(f"{stage}: {error}; nothing was sent")
+    if last:
+        return Uncertain(f"{stage}: {error} after the request was sent, at the last attempt")
+    return Retry(f"{stage}: {error} after the request was sent; the next attempt sends the same webhook-id")
+
+
+def classify(status: int, retry_after: str | None, answer: bytes, msg_id: str) -> Result:
+    """The receiver's answer, by the table in this module's docstring."""
+    if 200 <= status < 300:
+        ref = f"{status} webhook-id={msg_id}"
+        receiver = receiver_id(answer)
+        return Done(ref if receiver is None else f"{ref} receiver-id={receiver}")
+    if status == 410:
+        return Failed("410: the receiver says the endpoint is gone")
+    if status in (429, 503):
+        after = retry_after_seconds(retry_after, datetime.now(UTC))
+        if after is not None:
+            return Defer(after, f"{status}: the receiver asked to wait {after:g} s")
+    if 300 <= status < 400:
+        return Retry(f"{status}: a redirect, not followed")
+    return Retry(f"{status}: the receiver did not take the webhook")
+
+
+def retry_after_seconds(value: str | None, now: datetime) -> float | None:
+    """A Retry-After header's wait (delay seconds or an HTTP date), clamped to DEFER_BOUNDS; None if unreadable."""
+    if value is None:
+        return None
+    text = value.strip()
+    if text.isdigit() and text.isascii():
+        seconds = float(text) if len(text) <= 12 else DEFER_BOUNDS[1]
+    else:
+        try:
+            seconds = (parsedate_to_datetime(text) - now).total_seconds()
+        except (TypeError, ValueError, IndexError, OverflowError):
+            return None
+    if not math.isfinite(seconds):
+        return None
+    low, high = DEFER_BOUNDS
+    return min(max(seconds, low), high)
+
+
+def receiver_id(answer: bytes) -> str | None:
+    """The `id` of a JSON object answer when it is short and printable (no spaces), else None."""
+    try:
+        found = json.loads(answer)
+    except (ValueError, RecursionError):
+        return None
+    value = found.get("id") if isinstance(found, dict) else None
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = str(value)
+    return value if isinstance(value, str) and _RECEIVER_ID.fullmatch(value) else None
+
+
+def webhook_adapters(engine: AsyncEngine) -> list[ActionAdapter]:
+    """The WEBHOOK adapter; the application registers its endpoints and events first."""
+    return [WebhookAdapter(engine)]

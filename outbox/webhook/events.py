@@ -1,0 +1,209 @@
+"""WebhookEvent: one type of webhook, its endpoint, and the data composed from the database before every attempt.
+
+    event (identifiers) ──query (optional)──▶ rows ──compose──▶ data (a JSON object) ─▶ the body's "data"
+    enqueue: None ─▶ the action its idempotency key holds, else InvalidRequest
+             data not JSON or too big ─▶ InvalidRequest
+    attempt: None ─▶ CANCELLED / NOT_WANTED; data not JSON, too big, or compose raised ─▶ FAILED before sending
+
+An event is declarative, as an email notice is: the action's payload holds only identifiers,
+`{"event_type": name, "event": {...}}`, and the data sent is read from the database again before each
+attempt, so it says what holds now. The endpoint is the event's class attribute, never the payload's:
+no payload chooses where a webhook goes.
+"""
+
+from __future__ import annotations
+
+import re
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any, ClassVar
+
+from sqlalchemy import TextClause
+
+from outbox.action import Action
+from outbox.errors import InvalidRequest, OutboxError
+from outbox.intake import enqueue, enqueue_async, held_action, held_action_async
+from outbox.kinds import ActionKind
+from outbox.requests import ActionRequest
+from outbox.store.caller import AsyncConn, SyncConnection, fetch, fetch_async
+from outbox.webhook.endpoints import endpoint_named
+from outbox.webhook.message import InvalidBody, body
+
+# the eight attempts of WEBHOOK's retry schedule (the first and its seven retries)
+MAX_ATTEMPTS = 8
+_TYPE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+_SHAPE = '{"event_type": name, "event": {...}}'
+
+
+class UnknownEvent(OutboxError, LookupError):
+    def __init__(self, name: object) -> None:
+        known = ", ".join(sorted(_EVENTS)) or "none"
+        super().__init__(f"no webhook event is registered as {name!r} (registered: {known})")
+
+
+class WebhookEvent(ABC):
+    """One type of webhook: subclass it once, set the class attributes, write the four methods, and
+    `register` an instance in every process that enqueues it or runs the executor (docs/webhooks.md).
+    `event` is always the JSON object of identifiers the action's payload holds."""
+
+    # the event type, the body's "type" (invoice.paid); never change it while actions of it may be pending
+    name: ClassVar[str]
+    # the name of a registered endpoint: where every webhook of this type goes
+    endpoint: ClassVar[str]
+    # True: the webhook belongs to a workspace (workspace_id from the event); False: to no workspace
+    workspace_scoped: ClassVar[bool]
+    # the rows compose reads, run before every attempt with the parameters `params` returns; None: no rows
+    query: ClassVar[TextClause | None] = None
+
+    @abstractmethod
+    def params(self, event: dict[str, Any]) -> dict[str, Any]:
+        """The query's parameters from the event; raise InvalidRequest for an event that is malformed. Also the
+        WEBHOOK kind's check of the event at enqueue, so check here every identifier the other methods read."""
+
+    @abstractmethod
+    def compose(self, event: dict[str, Any], rows: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
+        """The webhook's data as the rows say now; None when nothing should be sent."""
+
+    @abstractmethod
+    def idempotency_key(self, event: dict[str, Any]) -> str:
+        """The action's idempotency key: one per effect (the webhook-id derives from it)."""
+
+    @abstractmethod
+    def lane_key(self, event: dict[str, Any]) -> str:
+        """The action's lane: the webhooks of one lane are sent one at a time, in the order enqueued."""
+
+    def workspace_id(self, event: dict[str, Any]) -> int | None:
+        """The action's workspace: `event["workspace_id"]` when the event is workspace-scoped, else None."""
+        return int(event["workspace_id"]) if self.workspace_scoped else None
+
+    def subject_account_id(self, event: dict[str, Any]) -> int | None:
+        """The account the webhook is about (erasing it deletes the action); None for none."""
+        return None
+
+    def rows(self, conn: SyncConnection, event: dict[str, Any]) -> Sequence[Mapping[str, Any]]:
+        return () if self.query is None else fetch(conn, self.query, self.params(event))
+
+    async def rows_async(self, conn: AsyncConn, event: dict[str, Any]) -> Sequence[Mapping[str, Any]]:
+        return () if self.query is None else await fetch_async(conn, self.query, self.params(event))
+
+    def request(self, event: dict[str, Any], max_attempts: int = MAX_ATTEMPTS) -> ActionRequest:
+        """The WEBHOOK action's request for `event`, from the methods above."""
+        return ActionRequest(
+            kind=ActionKind.WEBHOOK,
+            lane_key=self.lane_key(event),
+            idempotency_key=self.idempotency_key(event),
+            payload={"event_type": self.name, "event": event},
+            workspace_id=self.workspace_id(event),
+            subject_account_id=self.subject_account_id(event),
+            max_attempts=max_attempts,
+        )
+
+
+_EVENTS: dict[str, WebhookEvent] = {}
+
+
+def register(event: WebhookEvent) -> WebhookEvent:
+    """Add an event type; its endpoint must be registered first. ValueError names what is wrong."""
+    name = getattr(event, "name", None)
+    if not isinstance(name, str) or not _TYPE.fullmatch(name):
+        raise ValueError(
+            "name: a webhook event type is 1 to 100 letters, digits, '.', '_' and '-', starting with a letter or"
+            f" digit, not {name!r:.80}"
+        )
+    try:
+        endpoint_named(getattr(event, "endpoint", None))
+    except LookupError as unknown:
+        raise ValueError(f"endpoint: the {name} event's endpoint: {unknown}") from None
+    if not isinstance(getattr(event, "workspace_scoped", None), bool):
+        raise ValueError(f"workspace_scoped: the {name} event must say True or False")
+    if event.query is not None and not isinstance(event.query, TextClause):
+        raise ValueError(f"query: the {name} event's query must be a sqlalchemy text() or None")
+    known = _EVENTS.get(name)
+    if known is not None and known is not event:
+        raise ValueError(f"name: a webhook event named {name!r} is already registered")
+    _EVENTS[name] = event
+    return event
+
+
+def event_named(name: object) -> WebhookEvent:
+    event = _EVENTS.get(name) if isinstance(name, str) else None
+    if event is None:
+        raise UnknownEvent(name)
+    return event
+
+
+def event_of(payload: Any) -> tuple[WebhookEvent, dict[str, Any]]:
+    """The event type and the event a WEBHOOK action's payload holds."""
+    if not isinstance(payload, dict) or not isinstance(payload.get("event"), dict):
+        raise InvalidRequest("payload", f"a WEBHOOK payload is {_SHAPE}")
+    return event_named(payload.get("event_type")), payload["event"]
+
+
+def check_payload(payload: Any) -> None:
+    """The WEBHOOK kind's payload check at enqueue: `{"event_type": name, "event": {...}}` and nothing else,
+    the event type registered in this process and its `params` accepting the event; InvalidRequest otherwise."""
+    if not isinstance(payload, dict):
+        raise InvalidRequest("payload", f"a WEBHOOK payload is {_SHAPE}, not a {type(payload).__name__}")
+    others = sorted(repr(key) for key in payload if key not in ("event_type", "event"))
+    if others:
+        shown = ", ".join(others[:3])
+        raise InvalidRequest("payload", f"a WEBHOOK payload holds only event_type and event, not {shown}")
+    try:
+        definition = event_named(payload.get("event_type"))
+    except UnknownEvent as unknown:
+        raise InvalidRequest("payload.event_type", str(unknown)) from None
+    event = payload.get("event")
+    if not isinstance(event, dict):
+        raise InvalidRequest("payload.event", f"must be an object of the {definition.name} event's identifiers")
+    try:
+        definition.params(event)
+    except InvalidRequest as refused:
+        raise InvalidRequest("payload.event", refused.message) from None
+    except (LookupError, TypeError, ValueError) as error:
+        raise InvalidRequest("payload.event", f"the {definition.name} event cannot read it: {error!r}") from None
+
+
+def prepared(definition: WebhookEvent, event: dict[str, Any], rows: Sequence[Mapping[str, Any]]) -> bytes | None:
+    """The body compose gives for the rows now (None: nothing to send); InvalidBody when it cannot be sent.
+    The adapter builds its own with a fresh timestamp; this one checks the data at enqueue."""
+    data = definition.compose(event, rows)
+    return None if data is None else body(definition.name, data, datetime.now(UTC))
+
+
+def _checked(definition: WebhookEvent, event: dict[str, Any], rows: Sequence[Mapping[str, Any]]) -> bytes | None:
+    try:
+        return prepared(definition, event, rows)
+    except InvalidBody as invalid:
+        raise InvalidRequest("event", str(invalid)) from None
+
+
+def _held_or_nothing(definition: WebhookEvent, held: Action | None) -> Action:
+    if held is None:
+        raise InvalidRequest("event", f"the {definition.name} event has nothing to send now (compose returned None)")
+    return held
+
+
+def enqueue_webhook(
+    conn: SyncConnection, definition: WebhookEvent, event: dict[str, Any], *, max_attempts: int = MAX_ATTEMPTS
+) -> Action:
+    """Compose the webhook now and enqueue it in the caller's transaction (see `outbox.enqueue`).
+
+    Data that cannot be sent is refused (InvalidRequest naming `event`); so is an event with nothing to send
+    now, unless its idempotency key already holds an action: that action is returned unchanged."""
+    check_payload({"event_type": definition.name, "event": event})
+    request = definition.request(event, max_attempts)
+    if _checked(definition, event, definition.rows(conn, event)) is None:
+        return _held_or_nothing(definition, held_action(conn, request))
+    return enqueue(conn, request)
+
+
+async def enqueue_webhook_async(
+    conn: AsyncConn, definition: WebhookEvent, event: dict[str, Any], *, max_attempts: int = MAX_ATTEMPTS
+) -> Action:
+    """`enqueue_webhook` for an `AsyncConnection`, an `AsyncSession` or a psycopg `AsyncConnection`."""
+    check_payload({"event_type": definition.name, "event": event})
+    request = definition.request(event, max_attempts)
+    if _checked(definition, event, await definition.rows_async(conn, event)) is None:
+        return _held_or_nothing(definition, await held_action_async(conn, request))
+    return await enqueue_async(conn, request)

@@ -1,0 +1,83 @@
+"""The request one attempt sends: a Standard Webhooks message, built and signed again before every attempt.
+
+    idempotency key ──sha256──▶ webhook-id `msg_<digest>` (the same for every attempt, on every replica)
+    event type, compose's data, now ──▶ body: compact JSON {"type", "timestamp", "data"} ─ > BODY_LIMIT,
+                                                                                          or not JSON ─▶ InvalidBody
+    webhook-id, now, body, secret ──▶ headers: webhook-id, webhook-timestamp, webhook-signature (v1),
+                                      content-type, user-agent
+
+The receiver deduplicates by webhook-id, so an attempt after an unclear answer sends the same id with a
+fresh timestamp and signature. Errors name the event type, never the data.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from standardwebhooks import Webhook
+
+from outbox.errors import OutboxError
+
+# the largest body sent, in bytes
+BODY_LIMIT = 256 * 1024
+USER_AGENT = f"outbox-webhook/{importlib.metadata.version('outbox')}"
+
+
+class InvalidBody(OutboxError, ValueError):
+    """The data compose returned cannot be sent: not JSON, or a body over BODY_LIMIT. Names no data."""
+
+
+@dataclass(frozen=True)
+class SignedRequest:
+    body: bytes
+    headers: dict[str, str]
+
+
+def webhook_id(idempotency_key: str) -> str:
+    """The webhook-id every attempt of the action sends: `msg_` and 32 hex digits of the key's SHA-256."""
+    return "msg_" + hashlib.sha256(idempotency_key.encode()).hexdigest()[:32]
+
+
+def body(event_type: str, data: Mapping[str, Any], now: datetime) -> bytes:
+    """The compact JSON body; InvalidBody when `data` is not a JSON object or the body exceeds BODY_LIMIT."""
+    if not isinstance(data, Mapping):
+        raise InvalidBody(f"the {event_type} event's data must be a mapping, not a {type(data).__name__}")
+    envelope = {"type": event_type, "timestamp": rfc3339(now), "data": dict(data)}
+    try:
+        text = json.dumps(envelope, ensure_ascii=False, allow_nan=False, separators=(",", ":"), default=_refused)
+        encoded = text.encode()
+    except (TypeError, ValueError, RecursionError, UnicodeError) as error:
+        raise InvalidBody(f"the {event_type} event's data cannot be written as JSON ({type(error).__name__})") from None
+    if len(encoded) > BODY_LIMIT:
+        raise InvalidBody(f"the {event_type} event's body is {len(encoded)} bytes, more than {BODY_LIMIT}")
+    return encoded
+
+
+def signed(msg_id: str, now: datetime, payload: bytes, signer: Webhook) -> SignedRequest:
+    """The request's body and headers, signed for the instant `now`."""
+    return SignedRequest(
+        payload,
+        {
+            "webhook-id": msg_id,
+            "webhook-timestamp": str(math.floor(now.timestamp())),
+            "webhook-signature": signer.sign(msg_id, now, payload.decode()),
+            "content-type": "application/json",
+            "user-agent": USER_AGENT,
+        },
+    )
+
+
+def rfc3339(now: datetime) -> str:
+    """`now` in UTC as RFC 3339 with microseconds: 2026-12-01T09:42:14.618000Z."""
+    return now.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _refused(value: object) -> Any:
+    raise TypeError(f"a {type(value).__name__} is not JSON")
