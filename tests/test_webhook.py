@@ -12,6 +12,7 @@ import asyncio
 import base64
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -767,6 +768,37 @@ def test_a_url_is_accepted_only_when_absolute_http_with_a_host_and_no_credential
     assert parts.scheme in ("http", "https") and parts.hostname
     assert "@" not in parts.netloc and "#" not in url and parts.port != 0
     assert httpx.URL(url).host  # the client reads the same host
+
+
+# -- the page's examples
+
+PYTHON_BLOCK = re.compile(r"^```python\n(.*?)^```", re.S | re.M)
+
+
+async def test_the_pages_examples_run_in_order_and_deliver(
+    engine: Engine, aengine: AsyncEngine, receiver: Receiver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    page = ROOT / "docs" / "webhooks.md"
+    blocks = PYTHON_BLOCK.findall(page.read_text())
+    assert len(blocks) == 3
+    with engine.begin() as conn:
+        conn.execute(
+            text("CREATE TABLE invoice (id bigint PRIMARY KEY, amount_cents bigint, currency text, paid bool)")
+        )
+        conn.execute(text("INSERT INTO invoice VALUES (42, 990, 'EUR', false)"))
+    monkeypatch.setenv("BILLING_WEBHOOK_URL", receiver.url)
+    monkeypatch.setenv("OUTBOX_WEBHOOK_SECRET_BILLING", SECRET)
+    namespace: dict[str, Any] = {"engine": engine}
+    for block in blocks:
+        exec(compile(block, str(page), "exec"), namespace)
+    assert namespace["action"].payload == {"event_type": "invoice.paid", "event": {"invoice_id": 42}}
+    [adapter] = namespace["adapters"](aengine)
+    try:
+        await drain(aengine, [adapter])
+    finally:
+        await adapter.aclose()
+    [effect] = receiver.effects.values()
+    assert json.loads(effect.body)["data"] == {"invoice_id": 42, "amount": 990, "currency": "EUR"}
 
 
 # -- the receiver as a process of its own
