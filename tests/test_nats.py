@@ -11,21 +11,39 @@ from __future__ import annotations
 
 import asyncio
 import json
+import string
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Mapping, Sequence
+from datetime import UTC, datetime
 from typing import Any, ClassVar
 
 import nats
 import pytest
-from nats.js.api import RetentionPolicy, StorageType, StreamConfig
+from hypothesis import assume, given
+from hypothesis import strategies as st
+from nats.js.api import PubAck, RetentionPolicy, StorageType, StreamConfig, StreamInfo
 from sqlalchemy import Engine, TextClause, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from outbox.errors import InvalidRequest
 from outbox.executor import Abandoned, ActionAttempt, Done, Executor, Result
 from outbox.kinds import ActionKind
+from outbox.masking import MASK
 from outbox.nats import NatsAdapter, NatsConfig, NatsEvent, enqueue_event, event_token, register
+from outbox.nats.events import check_payload
+from outbox.nats.message import (
+    MAX_SUBJECT_LENGTH,
+    MAX_SUBJECT_TOKENS,
+    InvalidEvent,
+    check_event_type,
+    check_subject,
+    message_body,
+    message_subject,
+)
+from outbox.nats.settings import NatsSettingsError, parse_servers, shown_url
 from outbox.testing import drain
 from tests import nats_server as served
 from tests.chaos.netrelay import NetRelay
+from tests.conftest import CliResult
 from tests.nats_server import NatsServer
 
 nats_server = served.nats_server  # the fixture
@@ -267,11 +285,14 @@ async def test_a_reclaim_past_the_duplicate_window_reads_the_event_back(
     await publish_and_lose_the_lease(app, aengine, adapter, action_id)
     nc = await nats.connect(nats_server.url, allow_reconnect=False)
     js = nc.jetstream()
-    probe = {"subject": "orders.probe", "payload": b"{}", "headers": {"Nats-Msg-Id": "probe"}}
-    await js.publish(**probe)  # published after the event: once it is no duplicate, the event's window is over
+
+    async def probe() -> PubAck:
+        return await js.publish("orders.probe", b"{}", headers={"Nats-Msg-Id": "probe"})
+
+    await probe()  # published after the event: once it is no duplicate, the event's window is over
 
     async def window_passed() -> bool:
-        return not (await js.publish(**probe)).duplicate
+        return not (await probe()).duplicate
 
     await until_async(window_passed, what="the duplicate window to pass")
     await nc.close()
@@ -426,3 +447,212 @@ async def test_the_data_is_read_at_the_attempt_not_at_enqueue(
     await drain(aengine, [adapter])
     [(_, _, body)] = await stored(nats_server.url)
     assert body["data"]["status"] == "paid"
+
+
+async def test_data_grown_past_1_mib_fails_before_the_fence(
+    app: Engine, aengine: AsyncEngine, adapter: NatsAdapter, nats_server: NatsServer
+) -> None:
+    await add_stream(nats_server.url)
+    action_id = enqueue(app, 1)  # fits at enqueue
+    with app.begin() as conn:
+        conn.execute(text("UPDATE app_order SET status = repeat('x', 1100000) WHERE id = 1"))
+    await drain(aengine, [adapter])
+    assert ended(app, action_id)[:3] == ("FAILED", "PROVIDER_REFUSED", 1)
+    assert "the limit is 1048576" in last_error(app, action_id)
+    assert await stored(nats_server.url) == []
+
+
+def test_an_event_with_nothing_to_publish_is_refused_at_enqueue(app: Engine) -> None:
+    with app.begin() as conn, pytest.raises(InvalidRequest, match="nothing to publish now"):
+        enqueue_event(conn, ORDER_CREATED, {"order_id": 99})
+
+
+@pytest.mark.parametrize(
+    ("payload", "field"),
+    [
+        ([], "payload"),
+        ({"event_type": "order.created", "event": {"order_id": 1}, "extra": 1}, "payload"),
+        ({"event_type": "no.such", "event": {}}, "payload.event_type"),
+        ({"event_type": "order.created", "event": []}, "payload.event"),
+        ({"event_type": "order.created", "event": {}}, "payload.event"),
+        ({"event_type": "order.created", "event": {"order_id": "x"}}, "payload.event"),
+    ],
+)
+def test_the_payload_check_names_what_is_wrong(payload: Any, field: str) -> None:
+    with pytest.raises(InvalidRequest) as refused:
+        check_payload(payload)
+    assert refused.value.field == field
+
+
+_TOKEN = st.text(alphabet=string.ascii_letters + string.digits + "-_", min_size=1, max_size=8)
+
+
+@given(st.lists(_TOKEN, min_size=1, max_size=MAX_SUBJECT_TOKENS - 1), st.text(min_size=1, max_size=40))
+def test_a_valid_subject_gets_the_events_id_as_its_last_token(tokens: list[str], key: str) -> None:
+    subject = ".".join(tokens)[:MAX_SUBJECT_LENGTH].strip(".")
+    assume(subject and all(subject.split(".")))
+    full = message_subject(subject, event_token(key))
+    assert full == f"{subject}.{event_token(key)}" and full.count(".") == subject.count(".") + 1
+    assert event_token(key) == event_token(key) and len(event_token(key)) == 32
+
+
+@given(st.text(max_size=60))
+def test_a_subject_is_accepted_only_as_dot_separated_safe_tokens(subject: str) -> None:
+    tokens = subject.split(".")
+    valid = (
+        0 < len(subject) <= MAX_SUBJECT_LENGTH
+        and len(tokens) <= MAX_SUBJECT_TOKENS
+        and all(token and set(token) <= set(string.ascii_letters + string.digits + "-_") for token in tokens)
+    )
+    if valid:
+        assert check_subject(subject) == subject
+    else:
+        with pytest.raises(InvalidEvent) as refused:
+            check_subject(subject)
+        assert refused.value.field == "subject"
+
+
+@pytest.mark.parametrize(
+    "subject", ["orders.*", "orders.>", "orders..created", " orders", "$JS.API.STREAM", "", "a.b c"]
+)
+def test_a_wildcard_an_empty_token_or_a_reserved_subject_is_refused(subject: str) -> None:
+    with pytest.raises(InvalidEvent):
+        check_subject(subject)
+
+
+@given(st.text(max_size=80))
+def test_an_event_type_is_letters_digits_dots_dashes_and_underscores(name: str) -> None:
+    allowed = set(string.ascii_letters + string.digits + "._-")
+    valid = 0 < len(name) <= 64 and set(name) <= allowed and name[0].isalnum() and name[0].isascii()
+    if valid:
+        assert check_event_type(name) == name
+    else:
+        with pytest.raises(InvalidEvent):
+            check_event_type(name)
+
+
+@given(
+    st.dictionaries(
+        st.text(max_size=5),
+        st.recursive(
+            st.none() | st.booleans() | st.floats() | st.text(), lambda c: st.lists(c, max_size=3), max_leaves=5
+        ),
+        max_size=4,
+    )
+)
+def test_a_body_is_compact_json_or_a_clear_refusal(data: dict[str, Any]) -> None:
+    at = datetime(2026, 12, 1, tzinfo=UTC)
+    try:
+        body = message_body("order.created", "t" * 32, data, at)
+    except InvalidEvent as refused:
+        assert refused.field == "data"
+        return
+    decoded = json.loads(body)
+    assert decoded["type"] == "order.created" and decoded["time"] == "2026-12-01T00:00:00.000Z"
+    assert b" " not in body.replace(json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode(), b"")
+
+
+@given(st.text(alphabet=string.printable, min_size=4, max_size=20))
+def test_a_urls_password_is_never_shown(password: str) -> None:
+    url = f"nats://user:{password}@127.0.0.1:1"
+    assert shown_url(url) == f"nats://user:{MASK}@127.0.0.1:1"
+    try:
+        configured = NatsConfig(servers=(url,))
+    except NatsSettingsError as refused:
+        assert password not in str(refused)
+    else:
+        assert password not in configured.shown and password not in repr(configured)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "",
+        "http://127.0.0.1:1",
+        "nats://",
+        "nats://127.0.0.1:1/path",
+        "nats://127.0.0.1:99999",
+        "nats://a b",
+        "nats://h:1,",
+    ],
+)
+def test_a_bad_nats_url_is_refused_naming_the_setting(value: str) -> None:
+    with pytest.raises(NatsSettingsError, match="OUTBOX_NATS_URL"):
+        NatsConfig(servers=parse_servers(value) if value else ())
+
+
+# -- outbox nats ensure-stream
+
+
+def test_ensure_stream_creates_the_stream_then_finds_it_serves_read_back(
+    cli: Callable[..., CliResult], nats_server: NatsServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OUTBOX_NATS_URL", nats_server.url)
+    created = cli("nats", "ensure-stream", "--stream", STREAM, "--subject", "orders.>", "--max-age", "7d")
+    assert created.code == 0 and "created stream ORDERS" in created.out
+    info = asyncio.run(stream_info(nats_server.url))
+    assert (info.config.retention, info.config.storage) == ("limits", "file")
+    assert (info.config.duplicate_window, info.config.max_age) == (120.0, 7 * 86_400.0)
+    again = cli("nats", "ensure-stream", "--stream", STREAM, "--subject", "orders.created.*")
+    assert again.code == 0 and "exists and takes orders.created.*" in again.out
+    assert "note: stream ORDERS: max age is 604800 s, asked unlimited" in again.out
+
+
+def test_ensure_stream_says_what_read_back_misses_and_changes_nothing(
+    cli: Callable[..., CliResult], nats_server: NatsServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OUTBOX_NATS_URL", nats_server.url)
+    asyncio.run(add_stream(nats_server.url, retention=RetentionPolicy.WORK_QUEUE))
+    checked = cli("nats", "ensure-stream", "--stream", STREAM, "--subject", "orders.>", "--subject", "refunds.>")
+    assert checked.code == 1
+    assert "retention is workqueue, read-back needs limits" in checked.out
+    assert "subject refunds.> is not among the stream's subjects (orders.>)" in checked.out
+    info = asyncio.run(stream_info(nats_server.url))
+    assert info.config.retention == "workqueue" and info.config.subjects == ["orders.>"]
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["--stream", "OR.DERS", "--subject", "orders.>"], "--stream: 'OR.DERS' must be"),
+        (["--stream", STREAM, "--subject", "orders.created"], "takes no event"),
+        (["--stream", STREAM, "--subject", "orders.>.x"], "'>' only as the last"),
+        (["--stream", STREAM, "--subject", ">"], "not alone"),
+        (["--stream", STREAM, "--subject", "orders.>", "--duplicate-window", "soon"], "--duplicate-window"),
+        (["--stream", STREAM, "--subject", "orders.>", "--max-age", "1s"], "--max-age: at least"),
+    ],
+)
+def test_ensure_stream_refuses_bad_input_in_one_line(
+    cli: Callable[..., CliResult], nats_server: NatsServer, monkeypatch: pytest.MonkeyPatch, args: list[str], said: str
+) -> None:
+    monkeypatch.setenv("OUTBOX_NATS_URL", nats_server.url)
+    refused = cli("nats", "ensure-stream", *args)
+    assert refused.code == 2 and said in refused.err and len(refused.err.strip().splitlines()) == 1
+    assert asyncio.run(stream_names(nats_server.url)) == []
+
+
+def test_ensure_stream_names_an_unreachable_server_without_its_password(
+    cli: Callable[..., CliResult], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    port = served.free_port()
+    monkeypatch.setenv("OUTBOX_NATS_URL", f"nats://app:s3cret-pw@127.0.0.1:{port}")
+    failed = cli("nats", "ensure-stream", "--stream", STREAM, "--subject", "orders.>")
+    assert failed.code == 1 and len(failed.err.strip().splitlines()) == 1
+    assert f"cannot reach NATS at nats://app:***@127.0.0.1:{port}" in failed.err
+    assert "s3cret" not in failed.err + failed.out
+
+
+async def stream_info(url: str) -> StreamInfo:
+    nc = await nats.connect(url, allow_reconnect=False)
+    try:
+        return await nc.jetstream().stream_info(STREAM)
+    finally:
+        await nc.close()
+
+
+async def stream_names(url: str) -> list[str]:
+    nc = await nats.connect(url, allow_reconnect=False)
+    try:
+        return [info.config.name or "" for info in await nc.jetstream().streams_info()]
+    finally:
+        await nc.close()

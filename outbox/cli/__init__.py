@@ -23,7 +23,7 @@ from typing import NoReturn
 import typer
 from typer.exceptions import TyperException
 
-from outbox.cli import changes, db, demo, metrics, ops, prefect, run, worker
+from outbox.cli import changes, db, demo, metrics, nats, ops, prefect, run, worker
 from outbox.cli.options import hide_passwords, printable, remember_passwords
 from outbox.errors import OutboxError
 
@@ -36,6 +36,7 @@ app = typer.Typer(
 )
 app.add_typer(db.app, name="db")
 app.add_typer(metrics.app, name="metrics")
+app.add_typer(nats.app, name="nats")
 app.add_typer(prefect.app, name="prefect")
 app.command("demo")(demo.demo)
 app.command("run")(run.run)
