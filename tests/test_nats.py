@@ -14,6 +14,7 @@ import json
 import string
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Mapping, Sequence
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any, ClassVar
 
 import nats
@@ -39,7 +40,7 @@ from outbox.nats.message import (
     message_body,
     message_subject,
 )
-from outbox.nats.settings import NatsSettingsError, parse_servers, shown_url
+from outbox.nats.settings import NatsSettingsError, load_config, parse_servers, shown_url
 from outbox.testing import drain
 from tests import nats_server as served
 from tests.chaos.netrelay import NetRelay
@@ -503,6 +504,7 @@ def test_a_subject_is_accepted_only_as_dot_separated_safe_tokens(subject: str) -
         0 < len(subject) <= MAX_SUBJECT_LENGTH
         and len(tokens) <= MAX_SUBJECT_TOKENS
         and all(token and set(token) <= set(string.ascii_letters + string.digits + "-_") for token in tokens)
+        and not subject.startswith("_INBOX")
     )
     if valid:
         assert check_subject(subject) == subject
@@ -513,7 +515,7 @@ def test_a_subject_is_accepted_only_as_dot_separated_safe_tokens(subject: str) -
 
 
 @pytest.mark.parametrize(
-    "subject", ["orders.*", "orders.>", "orders..created", " orders", "$JS.API.STREAM", "", "a.b c"]
+    "subject", ["orders.*", "orders.>", "orders..created", " orders", "$JS.API.STREAM", "_INBOX.x", "", "a.b c"]
 )
 def test_a_wildcard_an_empty_token_or_a_reserved_subject_is_refused(subject: str) -> None:
     with pytest.raises(InvalidEvent):
@@ -656,3 +658,42 @@ async def stream_names(url: str) -> list[str]:
         return [info.config.name or "" for info in await nc.jetstream().streams_info()]
     finally:
         await nc.close()
+
+
+async def test_the_adapter_connects_to_the_first_server_of_its_list_that_answers(
+    app: Engine, aengine: AsyncEngine, nats_server: NatsServer
+) -> None:
+    await add_stream(nats_server.url)
+    dead = f"nats://127.0.0.1:{served.free_port()}"
+    adapter = NatsAdapter(aengine, NatsConfig(servers=(dead, nats_server.url), publish_timeout_seconds=1))
+    try:
+        action_id = enqueue(app, 1)
+        await drain(aengine, [adapter])
+    finally:
+        await adapter.close()
+    assert ended(app, action_id)[:2] == ("DONE", "CONFIRMED")
+
+
+async def test_a_server_that_cannot_be_reached_is_retried_and_nothing_is_claimed_sent(
+    app: Engine, aengine: AsyncEngine
+) -> None:
+    adapter = NatsAdapter(aengine, config(f"nats://app:s3cret-pw@127.0.0.1:{served.free_port()}"))
+    action_id = enqueue(app, 1, max_attempts=1)
+    await drain(aengine, [adapter])
+    assert ended(app, action_id)[:3] == ("FAILED", "ATTEMPTS_EXHAUSTED", 1)  # epoch 1: nothing was ever sent
+    error = last_error(app, action_id)
+    assert error.startswith("connect: cannot reach NATS") and "s3cret" not in error
+
+
+def test_the_settings_come_from_the_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    creds = tmp_path / "app.creds"
+    creds.write_text("-----BEGIN NATS USER JWT-----\n")
+    monkeypatch.setenv("OUTBOX_NATS_URL", " nats://a:pw-one@h1:4223 , nats://h2 ")
+    monkeypatch.setenv("OUTBOX_NATS_CREDENTIALS", str(creds))
+    monkeypatch.setenv("OUTBOX_NATS_PUBLISH_TIMEOUT_SECONDS", "3")
+    loaded = load_config()
+    assert loaded.servers == ("nats://a:pw-one@h1:4223", "nats://h2") and loaded.credentials == creds
+    assert loaded.publish_timeout_seconds == 3 and "pw-one" not in repr(loaded)
+    monkeypatch.delenv("OUTBOX_NATS_URL")
+    with pytest.raises(NatsSettingsError, match="OUTBOX_NATS_URL is not set"):
+        load_config()

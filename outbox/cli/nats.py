@@ -39,16 +39,16 @@ def ensure_stream(
     from outbox.nats.streams import StreamSpec
     from outbox.nats.streams import ensure_stream as ensure
 
-    spec = StreamSpec(
+    asked = StreamSpec(
         name=stream,
         subjects=tuple(subjects),
         duplicate_window_seconds=parse_duration("--duplicate-window", duplicate_window).total_seconds(),
         max_age_seconds=parse_duration("--max-age", max_age).total_seconds() if max_age is not None else None,
         replicas=replicas,
     )
-    ensured = asyncio.run(ensure(load_config(), spec))
+    ensured = asyncio.run(ensure(load_config(), asked))
     if ensured.created:
-        out.print(f"created stream {stream} taking {', '.join(spec.subjects)} (limits retention, file storage)")
+        out.print(f"created stream {stream} taking {', '.join(asked.subjects)} (limits retention, file storage)")
         return
     for note in ensured.notes:
         out.print(f"note: stream {stream}: {printable(note)} (left as it is)")
@@ -57,4 +57,4 @@ def ensure_stream(
             out.print(f"stream {stream}: {printable(problem)}")
         out.print(f"stream {stream} exists and was not changed; read-back cannot rely on it as it is")
         raise typer.Exit(1)
-    out.print(f"stream {stream} exists and takes {', '.join(spec.subjects)} with limits retention")
+    out.print(f"stream {stream} exists and takes {', '.join(asked.subjects)} with limits retention")

@@ -145,7 +145,10 @@ class NatsAdapter:
         except InvalidEvent as invalid:
             return Failed(f"prepare: the {event_def.name} event cannot be published: {invalid}")
         except NoStream:
-            return Retry(f"stream: no stream takes {subject}; create one (outbox nats ensure-stream)")
+            reason = f"stream: no stream takes {subject}; create one (outbox nats ensure-stream)"
+            if last and may_hold:  # the stream an earlier attempt published to is gone
+                return Uncertain(f"{reason}; an earlier attempt may have published the event")
+            return Retry(reason)
         except (CannotReach, *_CLIENT_ERRORS) as error:
             if isinstance(error, APIError) and stream is not None:
                 self._forget(stream)  # the stream may be gone: look it up again next time
@@ -205,15 +208,15 @@ class NatsAdapter:
         return Uncertain(f"{what}; {found.reason}")
 
     async def _connected(self) -> NatsClient:
+        loop = asyncio.get_running_loop()
+        if self._loop is not loop:  # a new event loop (a flow run of its own): the old client is gone with its loop
+            self._loop, self._client, self._connecting = loop, None, asyncio.Lock()
         async with self._connecting:
-            loop = asyncio.get_running_loop()
-            if self._client is not None and (self._loop is not loop or not self._client.usable):
-                if self._loop is loop:
-                    await self._client.drop()
+            if self._client is not None and not self._client.usable:
+                await self._client.drop()
                 self._client = None
             if self._client is None:
                 self._client = await connect(self.config)
-                self._loop = loop
             return self._client
 
     async def _drop(self, client: NatsClient) -> None:

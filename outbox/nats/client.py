@@ -79,7 +79,9 @@ async def connect(config: NatsConfig) -> NatsClient:
             await nc.connect(
                 servers=list(config.servers),
                 allow_reconnect=False,
+                # each server tried twice at once, then given up: a refusal fails now, not after the bound
                 max_reconnect_attempts=1,
+                reconnect_time_wait=0,
                 connect_timeout=int(CONNECT_SECONDS),
                 error_cb=quiet,
                 disconnected_cb=closed,

@@ -7,9 +7,10 @@
 A subject is what the application's event names: one to MAX_SUBJECT_TOKENS tokens of ASCII letters,
 digits, `-` and `_`, separated by dots, at most MAX_SUBJECT_LENGTH characters; no wildcard (`*`, `>`), no
 empty token, no whitespace, nothing reserved (a token starting with `$`, such as `$JS.API`, cannot be
-written). An event type is letters, digits, `.`, `_` and `-`, starting with a letter or digit, at most
-MAX_EVENT_TYPE_LENGTH characters. A message is at most MAX_MESSAGE_BYTES (1 MiB) with its headers, and
-at most the server's max_payload (the adapter checks that one). Errors name what was wrong.
+written; a first token starting with `_INBOX` is refused). An event type is letters, digits, `.`, `_` and
+`-`, starting with a letter or digit, at most MAX_EVENT_TYPE_LENGTH characters. A message is at most
+MAX_MESSAGE_BYTES (1 MiB) with its headers, and at most the server's max_payload (the adapter checks that
+one). Errors name what was wrong.
 """
 
 from __future__ import annotations
@@ -62,6 +63,8 @@ def check_subject(subject: object) -> str:
     tokens = subject.split(".")
     if len(tokens) > MAX_SUBJECT_TOKENS:
         raise InvalidEvent("subject", f"has {len(tokens)} tokens; at most {MAX_SUBJECT_TOKENS}")
+    if tokens[0].startswith("_INBOX"):
+        raise InvalidEvent("subject", f"{_shown(subject)} is reserved for replies (_INBOX)")
     for token in tokens:
         if token in ("*", ">"):
             raise InvalidEvent("subject", f"{_shown(subject)} holds a wildcard; an event is published on one subject")

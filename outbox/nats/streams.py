@@ -102,57 +102,57 @@ class Ensured:
     notes: list[str] = field(default_factory=list)
 
 
-async def ensure_stream(config: NatsConfig, spec: StreamSpec) -> Ensured:
-    """Create the stream `spec` names if it is missing, else compare it; CannotReach, StreamRefused."""
+async def ensure_stream(config: NatsConfig, asked: StreamSpec) -> Ensured:
+    """Create the stream `asked` names if it is missing, else compare it; CannotReach, StreamRefused."""
     client = await connect(config)
     try:
-        return await _ensure(client.js, spec)
+        return await _ensure(client.js, asked)
     except (nats.errors.Error, OSError, TimeoutError) as error:
         raise StreamRefused(f"NATS at {config.shown} refused or failed the stream request: {_said(error)}") from None
     finally:
         await client.drop()
 
 
-async def _ensure(js: JetStreamContext, spec: StreamSpec) -> Ensured:
+async def _ensure(js: JetStreamContext, asked: StreamSpec) -> Ensured:
     try:
-        info = await js.stream_info(spec.name)
+        info = await js.stream_info(asked.name)
     except NotFoundError:
         await js.add_stream(
             StreamConfig(
-                name=spec.name,
-                subjects=list(spec.subjects),
+                name=asked.name,
+                subjects=list(asked.subjects),
                 retention=RetentionPolicy.LIMITS,
                 storage=StorageType.FILE,
-                duplicate_window=spec.duplicate_window_seconds,
-                max_age=spec.max_age_seconds,
-                num_replicas=spec.replicas,
+                duplicate_window=asked.duplicate_window_seconds,
+                max_age=asked.max_age_seconds,
+                num_replicas=asked.replicas,
             )
         )
         return Ensured(created=True)
-    return compare(info.config, spec)
+    return compare(info.config, asked)
 
 
-def compare(found: StreamConfig, spec: StreamSpec) -> Ensured:
-    """What differs between an existing stream and `spec`."""
+def compare(found: StreamConfig, asked: StreamSpec) -> Ensured:
+    """What differs between an existing stream and `asked`."""
     problems: list[str] = []
     retention = RetentionPolicy(found.retention or RetentionPolicy.LIMITS)  # nats-py may give the text
     if retention != RetentionPolicy.LIMITS:
         problems.append(f"retention is {retention.value}, read-back needs limits")
     subjects = found.subjects or []
-    for subject in spec.subjects:
+    for subject in asked.subjects:
         if not any(covers(pattern, subject) for pattern in subjects):
             problems.append(f"subject {subject} is not among the stream's subjects ({', '.join(subjects) or 'none'})")
     notes: list[str] = []
     storage = StorageType(found.storage or StorageType.FILE)
     if storage != StorageType.FILE:
         notes.append(f"storage is {storage.value}: a server restart loses the messages, and read-back then cannot tell")
-    if found.duplicate_window != spec.duplicate_window_seconds:
-        notes.append(f"duplicate window is {found.duplicate_window:g} s, asked {spec.duplicate_window_seconds:g} s")
+    if found.duplicate_window != asked.duplicate_window_seconds:
+        notes.append(f"duplicate window is {found.duplicate_window:g} s, asked {asked.duplicate_window_seconds:g} s")
     age = found.max_age or None
-    if age != spec.max_age_seconds:
-        notes.append(f"max age is {_age(age)}, asked {_age(spec.max_age_seconds)}")
-    if (found.num_replicas or 1) != spec.replicas:
-        notes.append(f"replicas are {found.num_replicas or 1}, asked {spec.replicas}")
+    if age != asked.max_age_seconds:
+        notes.append(f"max age is {_age(age)}, asked {_age(asked.max_age_seconds)}")
+    if (found.num_replicas or 1) != asked.replicas:
+        notes.append(f"replicas are {found.num_replicas or 1}, asked {asked.replicas}")
     return Ensured(created=False, problems=problems, notes=notes)
 
 
