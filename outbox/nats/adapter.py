@@ -52,7 +52,7 @@ from outbox.executor import ActionAdapter, ActionAttempt, Cancelled, Done, Faile
 from outbox.executor.attempt import WriteWindow
 from outbox.kinds import ActionKind
 from outbox.nats.client import CannotReach, NatsClient, connect
-from outbox.nats.events import PreparedEvent, event_of
+from outbox.nats.events import NatsEvent, PreparedEvent, event_of
 from outbox.nats.kind import NATS_EVENT
 from outbox.nats.message import (
     MAX_MESSAGE_BYTES,
@@ -107,15 +107,7 @@ class NatsAdapter:
             return Failed(f"prepare: the {event_def.name} event cannot be published: {invalid}")
         subject = message_subject(app_subject, token)
         attempt.note(event_type=event_def.name, subject=subject, msg_id=token)
-        unpublishable: Result | None = None
-        prepared: PreparedEvent | None = None
-        try:
-            async with self._engine.connect() as conn:
-                prepared = await event_def.prepare_async(conn, event)
-        except InvalidEvent as invalid:
-            unpublishable = Failed(f"prepare: the {event_def.name} event cannot be published: {invalid}")
-        if prepared is None and unpublishable is None:
-            unpublishable = Cancelled(f"prepare: the {event_def.name} event has nothing to publish now")
+        prepared, unpublishable = await self._prepare(event_def, event)
         if unpublishable is not None and not attempt.claimed_before():
             return unpublishable  # never published: no need to look
         # an earlier attempt noted a floor before its fence: it may have published
@@ -165,6 +157,19 @@ class NatsAdapter:
         window = await attempt.fence().begin_write()
         return await self._publish(attempt, client, stream, prepared, headers, window)
 
+    async def _prepare(
+        self, event_def: NatsEvent, event: dict[str, Any]
+    ) -> tuple[PreparedEvent | None, Failed | Cancelled | None]:
+        """The message as it goes now, or why nothing can be published (the query runs on outbox's engine)."""
+        try:
+            async with self._engine.connect() as conn:
+                prepared = await event_def.prepare_async(conn, event)
+        except InvalidEvent as invalid:
+            return None, Failed(f"prepare: the {event_def.name} event cannot be published: {invalid}")
+        if prepared is None:
+            return None, Cancelled(f"prepare: the {event_def.name} event has nothing to publish now")
+        return prepared, None
+
     async def _publish(
         self,
         attempt: ActionAttempt,
@@ -188,7 +193,8 @@ class NatsAdapter:
         except Exception as error:  # the publish may have been stored: look before deciding
             await self._drop(client)
             return await self._after_unclear(attempt, stream, prepared, f"publish: {_described(error)}")
-        self._floors[stream] = max(self._floors.get(stream, 0), ack.seq)
+        # a sequence the stream has reached (lower than the last when acks cross: a floor still holds)
+        self._floors[stream] = ack.seq
         return Done(f"stream={ack.stream} seq={ack.seq}{' duplicate' if ack.duplicate else ''}")
 
     async def _after_unclear(self, attempt: ActionAttempt, stream: str, prepared: PreparedEvent, what: str) -> Result:
@@ -241,7 +247,7 @@ class NatsAdapter:
             info = await client.js.stream_info(stream)
             if len(self._floors) >= CACHE_LIMIT:
                 self._floors.clear()
-            self._floors[stream] = max(self._floors.get(stream, 0), info.state.last_seq)
+            self._floors[stream] = info.state.last_seq
         return self._floors[stream]
 
     def _forget(self, stream: str) -> None:
