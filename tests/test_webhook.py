@@ -33,7 +33,7 @@ from standardwebhooks import Webhook
 
 import outbox
 from outbox import InvalidRequest
-from outbox.executor import Executor
+from outbox.executor import ActionAdapter, Executor
 from outbox.testing import drain
 from outbox.webhook import (
     BODY_LIMIT,
@@ -460,13 +460,20 @@ async def test_the_retry_schedule_is_5_s_then_5_min(
     billing.script.extend(["500", "500"])
     action_id = enqueue(app)
     adapter = adapters()
-    await attempt_once(aengine, adapter)
-    assert 4.5 <= row(app, action_id)["due_in"] <= 5.5
-    with app.begin() as conn:
-        conn.execute(text("UPDATE agent_action SET due_at = now() WHERE id = :id"), {"id": action_id})
-    await attempt_once(aengine, adapter)
-    found = row(app, action_id)
-    assert found["attempt"] == 2 and 299.5 <= found["due_in"] <= 330
+    for attempt, wait in ((1, 5.0), (2, 300.0)):
+        with app.begin() as conn:  # due now; the database's clock before the attempt
+            conn.execute(text("UPDATE agent_action SET due_at = now() WHERE id = :id"), {"id": action_id})
+        with app.connect() as conn:
+            before = conn.execute(text("SELECT clock_timestamp()")).scalar_one()
+        await attempt_once(aengine, adapter)
+        found = row(app, action_id)
+        with app.connect() as conn:
+            due_at = conn.execute(
+                text("SELECT due_at FROM agent_action WHERE id = :id"), {"id": action_id}
+            ).scalar_one()
+        # the wait, from a result written after `before`, is at least the schedule's and at most 10 % longer
+        assert found["attempt"] == attempt and found["state"] == "ADMITTED"
+        assert (due_at - before).total_seconds() >= wait and found["due_in"] <= wait * 1.1
 
 
 # -- nothing sent
@@ -622,6 +629,19 @@ def test_a_missing_secret_refuses_to_build_the_adapter(aengine: AsyncEngine) -> 
     with pytest.raises(WebhookSecretError) as refused:
         webhook_adapters(aengine)
     assert "billing-eu" in str(refused.value) and "OUTBOX_WEBHOOK_SECRET_BILLING_EU" in str(refused.value)
+
+
+def unsigned_adapters(engine: AsyncEngine) -> list[ActionAdapter]:
+    """What `outbox run --adapters tests.test_webhook:unsigned_adapters` loads: an endpoint with no secret."""
+    register_endpoint("billing-eu", "https://hooks.example.com/outbox")
+    return webhook_adapters(engine)
+
+
+def test_outbox_run_refuses_to_start_without_a_secret(cli: Callable[..., Any]) -> None:
+    ran = cli("run", "--adapters", "tests.test_webhook:unsigned_adapters", "--max-seconds", "5")
+    assert ran.code != 0
+    assert "webhook endpoint billing-eu has no secret: set OUTBOX_WEBHOOK_SECRET_BILLING_EU" in ran.err
+    assert "carrying out" not in ran.err  # it never started claiming
 
 
 @pytest.mark.parametrize(

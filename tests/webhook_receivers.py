@@ -13,7 +13,7 @@
 
 Also a process of its own, for the chaos harness to kill: `python -m tests.webhook_receivers --port P
 --secret S --journal FILE` runs an "ok" receiver and rewrites FILE (JSON: webhook-id -> body, deliveries,
-receiver id) after every delivery.
+receiver id) when it starts and after every delivery.
 """
 
 from __future__ import annotations
@@ -85,6 +85,9 @@ class Receiver:
         return f"http://127.0.0.1:{self.port}/hooks?token=query-secret"
 
     def start(self) -> Receiver:
+        if self.journal is not None:
+            with self._lock:
+                self._write_journal()
         self._thread.start()
         return self
 
