@@ -15,6 +15,9 @@ handover starts only once the successor's executor claims, and overlaps it by at
 plus the hand-back, so the count of executors never drops at a handover. Which worker takes a tick is
 Prefect's choice (the first to poll), so a worker may hold two runs while another holds none.
 
+Webhook secrets. Before its adapters are built, a run reads the Prefect Secret block `outbox-webhook-<name>`
+for each registered webhook endpoint whose secret neither the code nor `OUTBOX_WEBHOOK_SECRET_<NAME>` gives.
+
 No Prefect task per action: an action is plain Python inside the run, so Prefect's retries and state
 records never fight the outbox's own attempts. SIGTERM (from `outbox worker` when its replica stops, or
 from a cancellation) stops the executor the outbox way: claimed actions that have not fenced go back to
@@ -24,9 +27,10 @@ ONLINE to take that run, keeps its executor until that run claims (at most 30 s)
 the executors short by the runs it held. With no other worker ONLINE it stops at once: its replacement waits
 for the next worker to start. Each run is a fresh subprocess, which is why the metrics live in the database.
 
-Events: `outbox.action.uncertain` and `outbox.action.failed`, one rule for every kind. The resource is the
-action (`outbox.action.<id>`) with its kind, state and reason, and one label `outbox.trace.<field>` per field
-of the trace its adapter noted (an email's notice and Message-ID); never a recipient or payload.
+Events: `outbox.action.uncertain` and `outbox.action.failed`, one rule for every kind (an email, a webhook, an
+event). The resource is the action (`outbox.action.<id>`) with its kind, state and reason, and one label
+`outbox.trace.<field>` per field of the trace its adapter noted (an email's notice and Message-ID, a webhook's
+webhook-id, an event's Nats-Msg-Id); never a recipient or payload.
 """
 
 from __future__ import annotations
@@ -39,11 +43,12 @@ import os
 import signal
 import socket
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 from uuid import UUID
 
 from prefect import flow, get_run_logger
 from prefect.artifacts import acreate_table_artifact
+from prefect.blocks.system import Secret
 from prefect.client.orchestration import PrefectClient, get_client
 from prefect.client.schemas.filters import (
     DeploymentFilter,
@@ -67,6 +72,7 @@ from outbox.executor.outcomes import EndedAction, Outcomes
 from outbox.kind_rows import require_declared
 from outbox.ops import lanes
 from outbox.settings import load_settings
+from outbox.webhook.endpoints import add_secret_source, registered_endpoints
 
 # how often a run looks for its successor; a handover overlaps by at most this much plus the hand-back
 HANDOVER_CHECK_SECONDS = 2.0
@@ -74,6 +80,9 @@ HANDOVER_CHECK_SECONDS = 2.0
 REPLACEMENT_WAIT_SECONDS = 30.0
 # a run carries `kind:<KIND>` tags while its executor claims: the relay counts those runs only
 CLAIMING_TAG = "kind:"
+# the Prefect Secret block a webhook endpoint's secret is read from when neither the code nor the
+# environment (OUTBOX_WEBHOOK_SECRET_<NAME>) gives one
+WEBHOOK_SECRET_BLOCK = "outbox-webhook-{name}"
 
 
 def ship_outbox_logs() -> None:
@@ -83,6 +92,25 @@ def ship_outbox_logs() -> None:
     for handler in logging.getLogger("prefect.extra").handlers:
         if handler not in target.handlers:
             target.addHandler(handler)
+
+
+async def webhook_secrets_from_prefect(logger: Any) -> None:
+    """Read the Secret block `outbox-webhook-<name>` of each registered webhook endpoint that has no secret
+    in the code or the environment, and offer them to the adapter as a secret source. An endpoint with no
+    block either stops the run when the adapter is built, naming the variable and the block."""
+    found: dict[str, str] = {}
+    for endpoint in registered_endpoints():
+        if endpoint.secret is not None or endpoint.secret_variable in os.environ:
+            continue
+        block_name = WEBHOOK_SECRET_BLOCK.format(name=endpoint.name)
+        try:
+            block = cast("Secret[str]", await Secret.aload(block_name))
+        except ValueError:  # no such block
+            logger.warning("webhook endpoint %s: no Prefect Secret block %s", endpoint.name, block_name)
+            continue
+        found[endpoint.name] = str(block.get())
+    if found:
+        add_secret_source(found.get)
 
 
 def run_name() -> str:
@@ -126,7 +154,9 @@ async def _drain(
     engine = async_engine(url, pool_size=4, max_overflow=4, **settings.engine_timeouts())
     config = ExecutorConfig(concurrency=concurrency, lease_seconds=settings.lease_seconds)
     try:
-        carried_out = list(load_adapters(adapters)(engine))
+        factory = load_adapters(adapters)  # imports the application's modules: its endpoints are registered
+        await webhook_secrets_from_prefect(logger)
+        carried_out = list(factory(engine))
         executor = Executor(engine, carried_out, config, listen_url=settings.listen_database_url)
         await require_declared(engine, (adapter.kind for adapter in carried_out))
         logger.info("%s", start_line(executor.kinds, shown_database(url), config))

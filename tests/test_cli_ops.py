@@ -116,6 +116,36 @@ async def test_show_has_the_payload_only_while_the_action_has_one(
     assert "payload" not in table and "CONFIRMED" in table
 
 
+def test_show_names_the_webhook_id_and_the_stream_sequence_of_ended_webhooks_and_events(
+    engine: Engine, cli: Cli
+) -> None:
+    """What finds a webhook or an event at its provider once its payload is gone: the webhook-id and the
+    endpoint; the Nats-Msg-Id, the subject and the stream's sequence (the readback reference)."""
+    (hook,) = insert_ended(engine, ended_ago=timedelta(minutes=5), state="UNCERTAIN", stop_reason="PROVIDER_UNCERTAIN")
+    (event,) = insert_ended(engine, ended_ago=timedelta(minutes=5))
+    with engine.begin() as conn:
+        conn.execute(text("SET LOCAL session_replication_role = replica"))  # ended rows are guarded
+        conn.execute(
+            text(
+                'UPDATE agent_action SET kind = \'WEBHOOK\', trace = \'{"event_type": "invoice.paid",'
+                ' "endpoint": "billing", "webhook_id": "msg_0f3a"}\' WHERE id = :id'
+            ),
+            {"id": hook},
+        )
+        conn.execute(
+            text(
+                "UPDATE agent_action SET kind = 'NATS_EVENT', readback_ref = 'stream=ORDERS seq=42',"
+                ' trace = \'{"subject": "orders.created.ev9", "msg_id": "ev9"}\' WHERE id = :id'
+            ),
+            {"id": event},
+        )
+    shown = ok(cli("show", str(hook))).out
+    assert "webhook-id" in shown and "msg_0f3a" in shown and "billing" in shown and "invoice.paid" in shown
+    shown = ok(cli("show", str(event))).out
+    assert "stream=ORDERS seq=42" in shown and "Nats-Msg-Id" in shown and "orders.created.ev9" in shown
+    assert ok(cli("show", str(event), "--json")).json()["trace"] == {"subject": "orders.created.ev9", "msg_id": "ev9"}
+
+
 def test_list_pages_newest_first_and_filters(engine: Engine, cli: Cli) -> None:
     ids = [enqueue(engine, lane=f"lane-{n}") for n in range(5)]
     proposal = enqueue(engine, lane="p", proposed=True)

@@ -1,4 +1,4 @@
-"""The read-back adapter of docs/executor.md, as written, against a real webhook receiver over HTTP.
+"""The read-back adapter of docs/executor.md, as written, against a real partner API over HTTP.
 
 The receiver keeps every POST it reads and the deliveries it stored, and can lose its answer (the delivery
 stored or not) or fail its read-back. The adapter runs in a process of its own, as an application's would
@@ -34,15 +34,15 @@ from sqlalchemy import text
 
 from outbox.db import async_engine, sync_engine
 from outbox.testing import drain, install_kinds
-from webhook_example import WEBHOOK, adapters
+from partner_example import PARTNER_DELIVERY, adapters
 
 url = os.environ["OUTBOX_DATABASE_URL"]
 engine = sync_engine(url)
 with engine.begin() as conn:
-    install_kinds(conn, [WEBHOOK])
+    install_kinds(conn, [PARTNER_DELIVERY])
     outbox.enqueue(
         conn,
-        outbox.ActionRequest(kind=WEBHOOK, lane_key="hook", idempotency_key=sys.argv[1], payload={"n": 1}),
+        outbox.ActionRequest(kind=PARTNER_DELIVERY, lane_key="hook", idempotency_key=sys.argv[1], payload={"n": 1}),
     )
     if sys.argv[2] == "written-before":  # an earlier attempt fenced, then its process died
         conn.execute(
@@ -127,13 +127,13 @@ def receiver() -> Iterator[Receiver]:
 @pytest.fixture
 def app_folder(tmp_path: Path) -> Path:
     code, _ = example("readback-adapter")
-    (tmp_path / "webhook_example.py").write_text(code)
+    (tmp_path / "partner_example.py").write_text(code)
     (tmp_path / "driver.py").write_text(textwrap.dedent(DRIVER))
     return tmp_path
 
 
 def deliver(folder: Path, database_url: str, receiver: Receiver, key: str, history: str = "fresh") -> None:
-    env = {**os.environ, "OUTBOX_DATABASE_URL": database_url, "WEBHOOK_RECEIVER_URL": receiver.url}
+    env = {**os.environ, "OUTBOX_DATABASE_URL": database_url, "PARTNER_API_URL": receiver.url}
     done = subprocess.run(
         [sys.executable, "driver.py", key, history], cwd=folder, env=env, capture_output=True, text=True, timeout=120
     )

@@ -99,3 +99,20 @@ def test_from_the_application_folder_it_says_what_it_carries_out_then_carries_it
         state = conn.execute(text("SELECT state FROM agent_action WHERE idempotency_key = 'ping-1'")).scalar_one()
     check.dispose()
     assert state == "DONE"
+
+
+def test_several_adapter_factories_separated_by_commas_carry_out_every_kind_they_return(
+    app_folder: Path, database_url: str, engine: Engine
+) -> None:
+    """`--adapters ping:adapters,outbox.webhook:webhook_adapters`: the application's kind and outbox's
+    WEBHOOK in one executor (no endpoint registered, so no secret is needed); a part that names nothing
+    is one line, exit 2."""
+    declare(engine, at_most_once=False)
+    ran = outbox_run(
+        app_folder, database_url, "--adapters", "ping:adapters,outbox.webhook:webhook_adapters", "--max-seconds", "1"
+    )
+    assert ran.returncode == 0, ran.stderr
+    assert [line for line in ran.stderr.splitlines() if "carrying out PING, WEBHOOK on " in line], ran.stderr
+    ran = outbox_run(app_folder, database_url, "--adapters", "ping:adapters,,outbox.webhook:webhook_adapters")
+    assert ran.returncode == 2, ran.stderr
+    assert "error: --adapters must look like module:factory[,module:factory...], not ''" in ran.stderr

@@ -117,8 +117,9 @@ def show(
     *,
     db: Database,
 ) -> None:
-    """One action in full: every time, what went wrong last, its trace (an email's notice and Message-ID, kept
-    after it ends) and its payload only while it has one (an ended action keeps none)."""
+    """One action in full: every time, what went wrong last, its readback reference (an event's stream and
+    sequence), its trace (an email's notice and Message-ID, a webhook's webhook-id, an event's subject and
+    Nats-Msg-Id, kept after it ends) and its payload only while it has one (an ended action keeps none)."""
     from rich.table import Table
 
     from outbox import ops
@@ -137,7 +138,15 @@ def show(
     print_table(table)
 
 
-_TRACE_LABELS = {"notice": "notice", "message_id": "Message-ID"}
+# how `outbox show` labels the trace fields outbox's own adapters note (any other field shows by its name)
+_TRACE_LABELS = {
+    "notice": "notice",
+    "message_id": "Message-ID",
+    "webhook_id": "webhook-id",
+    "event_type": "event type",
+    "msg_id": "Nats-Msg-Id",
+    "seq_floor": "stream sequence before the publish",
+}
 
 
 def _fields(action: Action) -> list[tuple[str, str]]:

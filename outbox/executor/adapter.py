@@ -31,14 +31,22 @@ AdapterFactory = Callable[[AsyncEngine], Iterable[ActionAdapter]]
 
 
 def load_adapters(spec: str) -> AdapterFactory:
-    """`module:factory`, where factory(engine) returns the adapters, one per kind. Importing the module is
-    where an application registers its kinds and email notices.
+    """`module:factory`, where factory(engine) returns the adapters, one per kind; or several, separated by
+    commas (`outbox.email:email_adapters,outbox.webhook:webhook_adapters`), whose adapters are joined.
+    Importing each module is where an application registers its kinds, email notices and webhook events.
 
     The working folder comes first on the module path, as uvicorn, gunicorn and celery put it: `outbox run
     --adapters myapp.outbox:adapters` finds `myapp` in the folder it is started from, with no PYTHONPATH."""
+    factories = [_factory(part.strip()) for part in spec.split(",")]
+    if len(factories) == 1:
+        return factories[0]
+    return lambda engine: [adapter for factory in factories for adapter in factory(engine)]
+
+
+def _factory(spec: str) -> AdapterFactory:
     module_name, _, attribute = spec.partition(":")
     if not module_name or not attribute:
-        raise ValueError(f"--adapters must look like module:factory, not {spec!r}")
+        raise ValueError(f"--adapters must look like module:factory[,module:factory...], not {spec!r}")
     working_folder = os.getcwd()
     if working_folder not in sys.path:
         sys.path.insert(0, working_folder)
