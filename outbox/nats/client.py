@@ -63,9 +63,11 @@ class NatsClient:
 async def connect(config: NatsConfig) -> NatsClient:
     """A connected client, or CannotReach within CONNECT_SECONDS."""
     lost = asyncio.Event()
+    seen: list[Exception] = []
 
     async def quiet(error: Exception) -> None:
-        """nats-py's error callback: the caller classifies what failed, the log stays free of it."""
+        """nats-py's error callback: kept for the reason, never logged (the caller classifies what failed)."""
+        seen[:] = [error]
 
     async def closed() -> None:
         lost.set()
@@ -92,7 +94,9 @@ async def connect(config: NatsConfig) -> NatsClient:
     except (OSError, TimeoutError, nats.errors.Error) as error:
         with contextlib.suppress(Exception):
             await nc.close()
-        raise CannotReach(config, _reason(error)) from None
+        # NoServersError: why the last server could not be reached
+        cause: BaseException = seen[0] if isinstance(error, nats.errors.NoServersError) and seen else error
+        raise CannotReach(config, _reason(cause)) from None
     return NatsClient(nc, nc.jetstream(timeout=API_SECONDS), lost)
 
 
@@ -103,6 +107,8 @@ def _reason(error: BaseException) -> str:
         return "no server answered"
     if isinstance(error, nats.errors.AuthorizationError):
         return "authorization refused"
+    if isinstance(error, ConnectionRefusedError):
+        return "connection refused"
     if isinstance(error, OSError) and error.strerror:
         return error.strerror.lower()
     return type(error).__name__
