@@ -14,8 +14,10 @@ import json
 import string
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Mapping, Sequence
 from datetime import UTC, datetime
+from decimal import Decimal
 from pathlib import Path
 from typing import Any, ClassVar
+from uuid import UUID
 
 import nats
 import pytest
@@ -700,3 +702,18 @@ def test_the_settings_come_from_the_environment(monkeypatch: pytest.MonkeyPatch,
     monkeypatch.delenv("OUTBOX_NATS_URL")
     with pytest.raises(NatsSettingsError, match="OUTBOX_NATS_URL is not set"):
         load_config()
+
+
+def test_a_rows_timestamps_numerics_and_uuids_are_written_as_postgresql_gives_them() -> None:
+    at = datetime(2026, 12, 1, 9, 42, 14, 618000, tzinfo=UTC)
+    data = {"at": at, "total": Decimal("19.90"), "ref": UUID(int=1), "day": at.date()}
+    decoded = json.loads(message_body("order.created", "t" * 32, data, at))
+    assert decoded["data"] == {
+        "at": "2026-12-01T09:42:14.618000+00:00",
+        "total": "19.90",
+        "ref": "00000000-0000-0000-0000-000000000001",
+        "day": "2026-12-01",
+    }
+    for refused in ({"n": Decimal("NaN")}, {"b": b"bytes"}, {"f": float("inf")}):
+        with pytest.raises(InvalidEvent, match="data"):
+            message_body("order.created", "t" * 32, refused, at)
