@@ -10,25 +10,32 @@ event through a custom webhook block to a local HTTP receiver.
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
 from prefect.blocks.notifications import CustomWebhookNotificationBlock
+from prefect.blocks.system import Secret
 from prefect.client.orchestration import get_client
 from sqlalchemy import Engine, text
 
 from demo.sink import Faults, SmtpSink
 from demo.stack import ROOT
 from flows.drain import drain
+from outbox.webhook import WebhookEvent, enqueue_webhook, register_endpoint
+from outbox.webhook import endpoints as endpoint_registry
+from outbox.webhook import events as event_registry
+from outbox.webhook import register as register_webhook
 from tests.prefect_server import PrefectServer
 from tests.support import until
 from tests.test_flows import enqueue_alerts
+from tests.webhook_receivers import Receiver as WebhookReceiver
 
 NOTIFY_FILE = ROOT / "deploy" / "prefect-notify.yaml"
 PLACEHOLDER = "REPLACE_WITH_NOTIFICATION_BLOCK_ID"
@@ -158,6 +165,69 @@ async def test_an_email_the_relay_refuses_ends_failed_and_is_one_event(
         assert event["event"] == "outbox.action.failed"
         assert event["resource"] == resource(engine, action_id, "FAILED", "PROVIDER_REFUSED")
         assert RECIPIENT not in json.dumps(event)
+
+
+class RefusedHook(WebhookEvent):
+    """A webhook whose receiver answers 410 Gone to the first delivery and keeps the second."""
+
+    name = "test.refused"
+    endpoint = "prefect-hooks"
+    workspace_scoped = False
+
+    def params(self, event: dict[str, Any]) -> dict[str, Any]:
+        return {}
+
+    def compose(self, event: dict[str, Any], rows: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
+        return {"n": event["n"]}
+
+    def idempotency_key(self, event: dict[str, Any]) -> str:
+        return f"prefect-hook:{event['n']}"
+
+    def lane_key(self, event: dict[str, Any]) -> str:
+        return f"prefect-hook:{event['n']}"
+
+
+async def test_a_webhook_the_receiver_refuses_is_one_event_with_its_webhook_id_signed_by_a_prefect_secret(
+    prefect_server: PrefectServer, engine: Engine, outbox_env: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The endpoint's secret is neither in the code nor in the environment: the drain reads the Secret block
+    outbox-webhook-<name>, and the receiver verifies the signature with it. The refused webhook (410) ends
+    FAILED and is one event that names its webhook-id."""
+    monkeypatch.setattr(endpoint_registry, "_ENDPOINTS", {})
+    monkeypatch.setattr(event_registry, "_EVENTS", {})
+    monkeypatch.delenv("OUTBOX_WEBHOOK_SECRET_PREFECT_HOOKS", raising=False)
+    secret = "whsec_" + base64.b64encode(b"p" * 32).decode()
+    await Secret(value=secret).asave("outbox-webhook-prefect-hooks", overwrite=True)
+    hooks = WebhookReceiver(secret, ["410"]).start()
+    try:
+        register_endpoint("prefect-hooks", hooks.url)
+        definition = register_webhook(RefusedHook())
+        with engine.begin() as conn:
+            refused, kept = (enqueue_webhook(conn, definition, {"n": n}).id for n in (1, 2))
+        state = await drain(
+            max_seconds=20, max_actions=2, adapters="outbox.webhook:webhook_adapters", return_state=True
+        )
+        flow_run_id = state.state_details.flow_run_id
+        assert (await state.result())["by_result"] == {"FAILED": 1, "DONE": 1}
+    finally:
+        hooks.stop()
+    assert ended(engine, "FAILED") == [refused] and ended(engine, "DONE") == [kept]
+    assert len(hooks.deliveries()) == 1, "the second webhook's signature verified with the Secret block's value"
+    with engine.connect() as conn:
+        trace = conn.execute(text("SELECT trace FROM agent_action WHERE id = :id"), {"id": refused}).scalar_one()
+    (event,) = events_of(prefect_server, flow_run_id, 1)
+    assert event["event"] == "outbox.action.failed"
+    assert event["resource"] == {
+        "prefect.resource.id": f"outbox.action.{refused}",
+        "prefect.resource.name": f"WEBHOOK action {refused}",
+        "outbox.kind": "WEBHOOK",
+        "outbox.state": "FAILED",
+        "outbox.reason": "PROVIDER_REFUSED",
+        "outbox.trace.event_type": "test.refused",
+        "outbox.trace.endpoint": "prefect-hooks",
+        "outbox.trace.webhook_id": trace["webhook_id"],
+    }
+    assert secret not in json.dumps(event)
 
 
 def test_the_automation_file_is_refused_while_its_placeholder_is_left_in(prefect_server: PrefectServer) -> None:
