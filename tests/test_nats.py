@@ -27,11 +27,12 @@ from nats.js.api import PubAck, RetentionPolicy, StorageType, StreamConfig, Stre
 from sqlalchemy import Engine, TextClause, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+import outbox
 from outbox.errors import InvalidRequest
 from outbox.executor import Abandoned, ActionAttempt, Done, Executor, Result
 from outbox.kinds import ActionKind
 from outbox.masking import MASK
-from outbox.nats import NatsAdapter, NatsConfig, NatsEvent, enqueue_event, event_token, register
+from outbox.nats import NatsAdapter, NatsConfig, NatsEvent, enqueue_event, enqueue_event_async, event_token, register
 from outbox.nats.events import check_payload
 from outbox.nats.message import (
     MAX_SUBJECT_LENGTH,
@@ -43,6 +44,7 @@ from outbox.nats.message import (
     message_subject,
 )
 from outbox.nats.settings import NatsSettingsError, load_config, parse_servers, shown_url
+from outbox.requests import ActionRequest
 from outbox.testing import drain
 from tests import nats_server as served
 from tests.chaos.netrelay import NetRelay
@@ -717,3 +719,18 @@ def test_a_rows_timestamps_numerics_and_uuids_are_written_as_postgresql_gives_th
     for refused in ({"n": Decimal("NaN")}, {"b": b"bytes"}, {"f": float("inf")}):
         with pytest.raises(InvalidEvent, match="data"):
             message_body("order.created", "t" * 32, refused, at)
+
+
+async def test_enqueue_event_async_enqueues_once_per_key(app: Engine, aengine: AsyncEngine) -> None:
+    async with aengine.begin() as conn:
+        first = await enqueue_event_async(conn, ORDER_CREATED, {"order_id": 3})
+        again = await enqueue_event_async(conn, ORDER_CREATED, {"order_id": 3})
+    assert first.id == again.id and first.payload == {"event_type": "order.created", "event": {"order_id": 3}}
+
+
+def test_a_raw_enqueue_of_a_bad_nats_payload_is_refused(app: Engine) -> None:
+    request = ActionRequest(
+        kind=ActionKind.NATS_EVENT, lane_key="l", idempotency_key="k", payload={"event_type": "order.created"}
+    )
+    with app.begin() as conn, pytest.raises(InvalidRequest, match=r"payload\.event"):
+        outbox.enqueue(conn, request)
