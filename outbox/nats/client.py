@@ -2,11 +2,12 @@
 
     NatsConfig ──connect()──▶ NatsClient(nc, js, lost)  ─ refused, no answer in 2 s, auth ─▶ CannotReach
     the server closes or drops the connection ──▶ `lost` is set (the client is closed, never reconnects)
-    drop() ──▶ the connection closed within 2 s: what it had not sent goes with it
+    drop() ──▶ the connection closed within 2 s: what it had buffered goes out with the close or never
 
 A client that lost its connection stays closed: nothing it had buffered is sent later behind the caller's
-back (nats-py's reconnect would replay it). The caller connects again when it needs to. The client's own
-error callback is silent: a caller classifies what failed; no message of it names a password.
+back (nats-py's reconnect would replay it on the next connection). The caller connects again when it
+needs to. The client's own error callback only keeps the last error for the reason CannotReach gives: a
+caller classifies what failed, and no message of it names a password.
 """
 
 from __future__ import annotations
