@@ -1,6 +1,6 @@
 """`python -m demo`: what `outbox demo` runs once it has checked its options, the `demo` extra and the clone.
 
-    --emails --lanes --workers --flaky --unsubscribe --timeout [--keep-running], and OUTBOX_DATABASE_URL
+    --actions --lanes --workers --flaky --unsubscribe --timeout [--keep-running], and OUTBOX_DATABASE_URL
     ─▶ run.run_demo ─▶ exit 0; an error of outbox's or of the database ─▶ one line on stderr, its exit code
 
 `outbox demo` passes every option on (the database URL in the environment, never on the command line),
@@ -23,7 +23,7 @@ from outbox.errors import OutboxError
 
 def parser() -> argparse.ArgumentParser:
     options = argparse.ArgumentParser(prog="python -m demo", description="Run by `outbox demo`.")
-    for name, kind in (("emails", int), ("lanes", int), ("workers", int)):
+    for name, kind in (("actions", int), ("lanes", int), ("workers", int)):
         options.add_argument(f"--{name}", type=kind, required=True)
     for name in ("flaky", "unsubscribe", "timeout"):
         options.add_argument(f"--{name}", type=float, required=True)
@@ -43,7 +43,7 @@ def main(argv: Sequence[str]) -> None:
     remember_passwords(argv, os.environ)
     try:
         run_demo(
-            emails=options.emails,
+            actions=options.actions,
             lanes=options.lanes,
             workers=options.workers,
             flaky=options.flaky,

@@ -1,11 +1,14 @@
-"""`outbox demo`: the whole system on one machine, a realistic email workload, and what happened to it.
+"""`outbox demo`: the whole system on one machine, a realistic workload of effects, and what happened to it.
 
     embedded PostgreSQL (outbox's tables, or OUTBOX_DATABASE_URL; and always the Prefect server's own
-    database `prefect`, made afresh) ─ SMTP sink that fails a share of deliveries ─ Prefect server ─
-    deployments ─ metrics exporter ─ worker replicas
+    database `prefect`, made afresh) ─ SMTP sink that fails a share of deliveries ─ webhook receiver that
+    fails a share of the first ones ─ nats-server with the stream ACCOUNTS (when installed) ─ Prefect
+    server ─ deployments ─ metrics exporter ─ worker replicas
     ─▶ one drain run per worker, waited for until every executor claims
-    ─▶ the backlog: 2,000 emails over 200 lanes through the example notices, enqueued at once (admins
-       unsubscribing meanwhile), until every one ended
+    ─▶ the backlog: 2,000 workspace alerts over 200 workspaces, enqueued at once, each one effect in turn:
+       an email (through the example notices; admins unsubscribing meanwhile), a signed webhook to the
+       receiver, and an event to the stream (a third each; half emails and half webhooks without
+       nats-server), until every one ended
     ─▶ the pickup probe: 100 emails at 20 a second, each in a lane of its own, on the idle executors
     ─▶ summary and URLs ─▶ the drain runs cancelled, every process stopped
 
@@ -34,6 +37,7 @@ Only this process and the workers it starts register the example notices.
 
 from __future__ import annotations
 
+import asyncio
 import random
 import shutil
 import time
@@ -43,6 +47,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import nats
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -51,13 +56,15 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import OperationalError
 
 from demo.postgres import embedded_postgres_server
-from demo.stack import Stack, answers
-from examples.accounts import notices, schema
+from demo.stack import Stack, answers, flaky_script
+from examples.accounts import events, notices, schema, webhooks
 from outbox import migrate
 from outbox.db import psycopg_url, sync_engine
 from outbox.email import enqueue_email
 from outbox.errors import OutboxError
+from outbox.nats import enqueue_event
 from outbox.settings import load_settings
+from outbox.webhook import enqueue_webhook
 
 console = Console()
 
@@ -84,6 +91,8 @@ class Ids:
 
 @dataclass(frozen=True)
 class Workload:
+    # the kinds of the backlog, in the turn its alerts take them
+    kinds: tuple[str, ...]
     backlog: Ids
     probe: Ids
     # from the backlog's first enqueue to the moment its last action ended, by its progress bar
@@ -119,7 +128,7 @@ def fresh_prefect_database(server: Any) -> str:
 
 def run_demo(
     *,
-    emails: int,
+    actions: int,
     lanes: int,
     workers: int,
     flaky: float,
@@ -154,7 +163,14 @@ def run_demo(
         with console.status("starting one drain run per worker; waiting until every executor claims"):
             runs, waited = start_executors(stack)
         console.print(f"{len(runs)} executors claiming ({waited:.0f} s after their runs were created); enqueuing")
-        workload = run_workload(engine, emails, lanes, unsubscribe, timeout)
+        kinds = ("EMAIL", "WEBHOOK", "NATS_EVENT") if stack.nats is not None else ("EMAIL", "WEBHOOK")
+        if stack.nats is None:
+            console.print("[dim]nats-server is not installed: the backlog holds emails and webhooks only[/dim]")
+        # the backlog's first pass meets the receiver's faults; a failed webhook is sent again 5 s later and
+        # then succeeds (a second failure would wait the schedule's 5 minutes)
+        assert stack.receiver is not None
+        stack.receiver.script.extend(flaky_script(flaky, -(-actions // len(kinds))))
+        workload = run_workload(engine, actions, lanes, kinds, unsubscribe, timeout)
         console.print(summary_table(engine, workload, stack, runs))
         console.print(
             f"Prefect UI: {stack.prefect_url}\nmetrics:    {stack.metrics_url}\n"
@@ -193,15 +209,18 @@ def claiming(run: dict[str, Any]) -> bool:
     return bool(run["state_type"] == "RUNNING" and any(tag.startswith("kind:") for tag in run["tags"]))
 
 
-def run_workload(engine: Engine, emails: int, lanes: int, unsubscribe: float, timeout: float) -> Workload:
-    """The backlog (every email enqueued at once, admins unsubscribing meanwhile) until every action
-    ended, then the pickup probe (PROBE_EMAILS at PROBE_RATE a second, on idle executors) until those
-    ended, each with its progress bar. The throughput takes its seconds from the backlog's bar."""
-    alerts = make_alerts(engine, emails, lanes)
+def run_workload(
+    engine: Engine, actions: int, lanes: int, kinds: tuple[str, ...], unsubscribe: float, timeout: float
+) -> Workload:
+    """The backlog (every action enqueued at once, the alerts taking `kinds` in turn, admins unsubscribing
+    meanwhile) until every action ended, then the pickup probe (PROBE_EMAILS at PROBE_RATE a second, on idle
+    executors) until those ended, each with its progress bar. The throughput takes its seconds from the
+    backlog's bar."""
+    alerts = make_alerts(engine, actions, lanes)
     probe_alerts = make_alerts(engine, PROBE_EMAILS, PROBE_EMAILS)  # each alone in a lane of its own
     with Progress(*PROGRESS_COLUMNS, console=console) as progress:
-        bar = progress.add_task("backlog: emails ended since the first enqueue", total=emails)  # its clock starts
-        backlog = enqueue(engine, alerts)
+        bar = progress.add_task("backlog: actions ended since the first enqueue", total=actions)  # its clock starts
+        backlog = enqueue(engine, alerts, kinds)
         unsubscribe_some(engine, backlog, unsubscribe)
         wait_for_the_end(progress, bar, engine, backlog, timeout)
         probe_bar = progress.add_task(f"pickup probe: emails enqueued at {PROBE_RATE}/s, ended", total=PROBE_EMAILS)
@@ -209,7 +228,7 @@ def run_workload(engine: Engine, emails: int, lanes: int, unsubscribe: float, ti
         wait_for_the_end(progress, probe_bar, engine, probe, timeout)
     seconds = progress.tasks[bar].finished_time
     assert seconds is not None  # the bar is complete
-    return Workload(backlog, probe, seconds)
+    return Workload(kinds, backlog, probe, seconds)
 
 
 WORKLOAD_TABLES = (
@@ -238,12 +257,15 @@ def make_alerts(engine: Engine, count: int, lanes: int) -> list[tuple[int, int]]
     return [(alert_id, workspace_id) for alert_id, workspace_id in rows]
 
 
-def enqueue(engine: Engine, alerts: list[tuple[int, int]]) -> Ids:
-    """One workspace alert email per alert, in transactions of 100, as an application would."""
+def enqueue(engine: Engine, alerts: list[tuple[int, int]], kinds: tuple[str, ...] = ("EMAIL",)) -> Ids:
+    """One effect per alert, of `kinds` in turn, in transactions of 100, as an application would."""
     ids: list[int] = []
     for start in range(0, len(alerts), 100):
         with engine.begin() as conn:
-            ids += [enqueue_alert(conn, alert) for alert in alerts[start : start + 100]]
+            ids += [
+                enqueue_alert(conn, alert, kinds[(start + n) % len(kinds)])
+                for n, alert in enumerate(alerts[start : start + 100])
+            ]
     return Ids(ids[0], ids[-1])
 
 
@@ -264,9 +286,15 @@ def enqueue_paced(engine: Engine, alerts: list[tuple[int, int]], per_second: flo
     return Ids(ids[0], ids[-1])
 
 
-def enqueue_alert(conn: Connection, alert: tuple[int, int]) -> int:
+def enqueue_alert(conn: Connection, alert: tuple[int, int], kind: str = "EMAIL") -> int:
+    """The alert's email to the workspace's admins, its webhook to the workspace's integration, or its event."""
     alert_id, workspace_id = alert
-    return enqueue_email(conn, notices.WORKSPACE_ALERT, {"workspace_id": workspace_id, "alert_id": alert_id}).id
+    event = {"workspace_id": workspace_id, "alert_id": alert_id}
+    if kind == "WEBHOOK":
+        return enqueue_webhook(conn, webhooks.ALERT_RAISED, event).id
+    if kind == "NATS_EVENT":
+        return enqueue_event(conn, events.ALERT_EVENT, event).id
+    return enqueue_email(conn, notices.WORKSPACE_ALERT, event).id
 
 
 def unsubscribe_some(engine: Engine, backlog: Ids, share: float) -> None:
@@ -291,7 +319,7 @@ def wait_for_the_end(progress: Progress, bar: TaskID, engine: Engine, ids: Ids, 
     while (done := ended(engine, ids)) < total:
         progress.update(bar, completed=done)
         if time.monotonic() > deadline:
-            raise OutboxError(f"only {done} of {total} emails ended within {timeout:.0f} s")
+            raise OutboxError(f"only {done} of {total} actions ended within {timeout:.0f} s")
         time.sleep(0.2)
     progress.update(bar, completed=total)
 
@@ -304,8 +332,8 @@ def ended(engine: Engine, ids: Ids) -> int:
 WORKSPACES = text("SELECT DISTINCT workspace_id FROM agent_action WHERE id BETWEEN :first AND :last")
 ENDED = text("SELECT count(*) FROM agent_action WHERE id BETWEEN :first AND :last AND ended_at IS NOT NULL")
 OUTCOMES = text(
-    "SELECT state, stop_reason, count(*) FROM agent_action WHERE id BETWEEN :first AND :last"
-    " GROUP BY 1, 2 ORDER BY 3 DESC"
+    "SELECT kind, state, stop_reason, count(*) FROM agent_action WHERE id BETWEEN :first AND :last"
+    " GROUP BY 1, 2, 3 ORDER BY 1, 4 DESC"
 )
 # the backlog's wait: from when each action was due (enqueued, or its retry's time) to its fence
 BACKLOG_WAIT = text("""
@@ -332,19 +360,24 @@ def summary_table(engine: Engine, workload: Workload, stack: Stack, runs: list[s
         outcomes = conn.execute(OUTCOMES, workload.backlog.params()).all()
         backlog_wait = conn.execute(BACKLOG_WAIT, workload.backlog.params()).one()
         pickup = conn.execute(PICKUP, workload.probe.params()).one()
-    assert stack.sink is not None
+    assert stack.sink is not None and stack.receiver is not None
     duplicates = sum(1 for count in Counter(r.message_id for r in stack.sink.received).values() if count > 1)
-    total = sum(n for _, _, n in outcomes)
+    total = sum(n for _, _, _, n in outcomes)
     table = Table(title="outbox demo", show_header=False)
-    for state, reason, count in outcomes:
-        table.add_row(f"backlog: {state} {reason}", str(count))
-    rate = f"{total / workload.seconds:,.0f} emails/s ({total} in {workload.seconds:.1f} s)"
+    for kind, state, reason, count in outcomes:
+        table.add_row(f"backlog: {kind} {state} {reason}", str(count))
+    rate = f"{total / workload.seconds:,.0f} actions/s ({total} in {workload.seconds:.1f} s)"
     table.add_row("backlog: throughput, first enqueue to last end", rate)
     table.add_row("backlog: wait p50 / p95 / p99 (due to fence)", _quantiles(backlog_wait))
     table.add_row(f"pickup at {PROBE_RATE}/s p50 / p95 / p99 (due to fence)", _quantiles(pickup))
     table.add_row("drain runs (one per worker)", "\n".join(sorted(run["name"] for run in stack.flow_runs(runs))))
     table.add_row("messages at the sink", str(len(stack.sink.received)))
     table.add_row("duplicates at the sink", str(duplicates))
+    deliveries = stack.receiver.deliveries()
+    table.add_row("webhooks at the receiver: effects / deliveries", f"{len(deliveries)} / {sum(deliveries.values())}")
+    if stack.nats is not None:
+        held = asyncio.run(stream_messages(stack.nats.url, events.STREAM))
+        table.add_row("events in the stream / distinct Nats-Msg-Id", f"{sum(held.values())} / {len(held)}")
     for name, url in (
         ("Prefect UI", stack.prefect_url),
         ("metrics", stack.metrics_url),
@@ -352,6 +385,21 @@ def summary_table(engine: Engine, workload: Workload, stack: Stack, runs: list[s
     ):
         table.add_row(f"{name} answers", "yes" if answers(url) else "NO")
     return table
+
+
+async def stream_messages(url: str, stream: str) -> Counter[str]:
+    """How many messages of `stream` carry each Nats-Msg-Id, read one by one by sequence."""
+    client = await nats.connect(url, connect_timeout=2, allow_reconnect=False)
+    try:
+        js = client.jetstream()
+        state = (await js.stream_info(stream)).state
+        held: Counter[str] = Counter()
+        for seq in range(state.first_seq, state.last_seq + 1) if state.messages else ():
+            message = await js.get_msg(stream, seq)
+            held[(message.headers or {}).get("Nats-Msg-Id", "")] += 1
+        return held
+    finally:
+        await client.close()
 
 
 def _quantiles(row: Any) -> str:

@@ -1,7 +1,9 @@
 """The local stack of `outbox demo`: every process it starts, and how it stops them (by PID).
 
     embedded PostgreSQL (or OUTBOX_DATABASE_URL) ─ migrate ─ example application
-    SMTP sink (+ its mailbox page) ─ Prefect server (flow runs kept 14 days; its state in SQLite under
+    SMTP sink (+ its mailbox page) ─ webhook receiver (verifies, deduplicates by webhook-id, fails a share)
+    ─ nats-server with JetStream and the stream ACCOUNTS (when Debian's nats-server is installed)
+    ─ Prefect server (flow runs kept 14 days; its state in SQLite under
     PREFECT_HOME, or in the PostgreSQL database given as `prefect_database_url`) ─ work pool, zombie
     automation, deployments ─ metrics exporter ─ N `outbox worker` replicas running outbox-drain flow runs
 
@@ -16,9 +18,12 @@ then stops them in order), and stopped here, SIGTERM first, then SIGKILL after a
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import os
+import random
+import shutil
 import signal
 import socket
 import subprocess
@@ -35,7 +40,10 @@ from typing import Any, Literal
 import psutil
 
 from demo.sink import Faults, SmtpSink
+from examples.accounts import events
 from outbox.executor.config import DEFAULTS
+from tests.nats_server import NATS_SERVER, NatsServer
+from tests.webhook_receivers import Receiver
 
 ROOT = Path(__file__).resolve().parent.parent
 DRAIN_DEPLOYMENT = "outbox-drain/outbox-drain"
@@ -83,6 +91,19 @@ def prefect_worker_name(name: str) -> str:
     return f"outbox-{name}"
 
 
+def flaky_script(share: float, steps: int) -> list[str]:
+    """What the webhook receiver does with its next `steps` deliveries: a `share` of them fail as receivers
+    do (500, a reset after the body was read, a reset after the delivery was kept: its answer lost), the rest
+    are kept, and so is every later one. Seeded, as the SMTP sink's faults are."""
+    rng = random.Random(7)
+    faults = ("500", "reset", "kept-reset")
+    return [rng.choice(faults) if rng.random() < share else "ok" for _ in range(steps)]
+
+
+def _subjects(subjects: tuple[str, ...]) -> list[str]:
+    return [argument for subject in subjects for argument in ("--subject", subject)]
+
+
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -111,7 +132,7 @@ class Stack:
     workdir: Path
     workers: int = 3
     flaky: float = 0.1
-    adapters: str = "examples.accounts:adapters"
+    adapters: str = "examples.accounts:all_adapters"
     # a shorter lease makes a killed worker's actions come back sooner (tests)
     lease_seconds: float = DEFAULTS.lease_seconds
     # the deployments to apply (a copy with a shorter drain interval speeds a soak up)
@@ -120,6 +141,11 @@ class Stack:
     prefect_database_url: str | None = None
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     sink: SmtpSink | None = None
+    # the webhook endpoint `alerts` of the example application, and its signing secret
+    receiver: Receiver | None = None
+    webhook_secret: str = field(default_factory=lambda: "whsec_" + base64.b64encode(os.urandom(32)).decode())
+    # the events' JetStream server; None when nats-server is not installed (the demo sends no events then)
+    nats: NatsServer | None = None
     prefect_url: str = ""
     metrics_url: str = ""
     mailbox_url: str = ""
@@ -132,6 +158,13 @@ class Stack:
         (self.workdir / "prefect").mkdir(parents=True, exist_ok=True)
         self.sink = SmtpSink(faults=Faults(flaky=self.flaky), seed=7).start()
         self._serve_mailbox()
+        self.receiver = Receiver(self.webhook_secret).start()
+        if Path(NATS_SERVER).is_file():
+            store = self.workdir / "nats"  # made afresh, as the Prefect server's database is
+            shutil.rmtree(store, ignore_errors=True)
+            store.mkdir(parents=True)
+            self.nats = NatsServer(store)
+            self._outbox("nats", "ensure-stream", "--stream", events.STREAM, *_subjects(events.STREAM_SUBJECTS))
         self._start_prefect()
         self._prefect("work-pool", "create", "outbox", "--type", "process", "--overwrite")
         self._prefect("automation", "create", "--from-file", str(ROOT / "deploy" / "prefect-automations.yaml"))
@@ -142,6 +175,13 @@ class Stack:
         for n in range(self.workers):
             self.start_worker(f"worker-{n + 1}")
         wait_until_answers(self.metrics_url, 30, "the metrics exporter")
+
+    def _outbox(self, *args: str) -> None:
+        done = subprocess.run(
+            [sys.executable, "-m", "outbox.cli", *args], env=self.env(), capture_output=True, text=True, timeout=60
+        )
+        if done.returncode != 0:
+            raise RuntimeError(f"outbox {' '.join(args)} failed: {(done.stdout + done.stderr)[-2000:]}")
 
     def run_drain_now(self, runs: int | None = None) -> None:
         """Start `runs` outbox-drain runs (one per worker by default) now, as the schedule's ticks would;
@@ -215,9 +255,16 @@ class Stack:
         return process.wait(90)
 
     def env(self) -> dict[str, str]:
-        assert self.sink is not None
+        assert self.sink is not None and self.receiver is not None
+        effects = {
+            "ACCOUNTS_ALERTS_WEBHOOK_URL": self.receiver.url,
+            "OUTBOX_WEBHOOK_SECRET_ALERTS": self.webhook_secret,
+        }
+        if self.nats is not None:
+            effects["OUTBOX_NATS_URL"] = self.nats.url
         return {
             **os.environ,
+            **effects,
             "PYTHONPATH": str(ROOT),
             "OUTBOX_DATABASE_URL": self.database_url,
             "OUTBOX_SMTP_HOST": "127.0.0.1",
@@ -326,6 +373,10 @@ class Stack:
                 self._mailbox.shutdown()
             if self.sink is not None:
                 self.sink.stop()
+            if self.receiver is not None:
+                self.receiver.stop()
+            if self.nats is not None:
+                self.nats.stop()
 
     def _stop_in_order(self) -> None:
         order = sorted(self.processes, key=lambda n: (not n.startswith("worker"), n == "prefect-server"))

@@ -15,10 +15,10 @@ ROOT = Path(__file__).resolve().parent.parent
 WORKERS = 2
 
 
-def test_the_demo_runs_every_email_to_its_end_and_reports_what_a_visitor_should_see(tmp_path: Path) -> None:
+def test_the_demo_runs_every_action_to_its_end_and_reports_what_a_visitor_should_see(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OUTBOX_", "PREFECT_", "XDG_RUNTIME_DIR"))}
     env.update({"OUTBOX_DATA_DIR": str(tmp_path / "data"), "PYTHONPATH": str(ROOT), "COLUMNS": "160"})
-    command = ["demo", "--emails", "60", "--lanes", "10", "--workers", str(WORKERS), "--timeout", "400"]
+    command = ["demo", "--actions", "60", "--lanes", "10", "--workers", str(WORKERS), "--timeout", "400"]
     done = subprocess.run(
         [sys.executable, "-m", "outbox.cli", *command],
         env=env,
@@ -34,11 +34,17 @@ def test_the_demo_runs_every_email_to_its_end_and_reports_what_a_visitor_should_
     rows = summary_rows(output)
 
     assert rows["duplicates at the sink"] == ["0"], rows
+    # a third of the backlog each: emails, webhooks to the receiver, events to the stream
+    outcomes = {name.removeprefix("backlog: "): int(value[0]) for name, value in rows.items() if "CONFIRMED" in name}
+    assert outcomes["WEBHOOK DONE CONFIRMED"] == 20 and outcomes["NATS_EVENT DONE CONFIRMED"] == 20, rows
+    effects, deliveries = (int(n) for n in rows["webhooks at the receiver: effects / deliveries"][0].split(" / "))
+    assert effects == 20 and deliveries >= effects, rows
+    assert rows["events in the stream / distinct Nats-Msg-Id"] == ["20 / 20"], rows
     for name in ("Prefect UI answers", "metrics answers", "mailbox answers"):
         assert rows[name] == ["yes"], rows.get(name)
 
     # the backlog's bar and its throughput measure one interval: the bar shows whole seconds
-    bar = re.search(r"backlog: emails ended since the first enqueue .* 60/60 +0:(\d\d):(\d\d)", output)
+    bar = re.search(r"backlog: actions ended since the first enqueue .* 60/60 +0:(\d\d):(\d\d)", output)
     assert bar, output[-4000:]
     throughput = re.search(r"\(60 in ([\d.]+) s\)", rows["backlog: throughput, first enqueue to last end"][0])
     assert throughput, rows

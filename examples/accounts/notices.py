@@ -11,7 +11,7 @@ from outbox.email import Draft, EmailNotice, Recipient, register
 from outbox.errors import InvalidRequest
 
 
-def _id(event: dict[str, Any], name: str) -> int:
+def positive_id(event: dict[str, Any], name: str) -> int:
     value = event.get(name)
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
         raise InvalidRequest("event", f"needs a positive integer {name}, not {value!r}")
@@ -35,8 +35,8 @@ class WorkspaceAlert(EmailNotice):
     """)
 
     def params(self, event: dict[str, Any]) -> dict[str, Any]:
-        _id(event, "workspace_id")
-        return {"alert_id": _id(event, "alert_id")}
+        positive_id(event, "workspace_id")
+        return {"alert_id": positive_id(event, "alert_id")}
 
     def compose(self, event: dict[str, Any], recipients: tuple[Recipient, ...]) -> Draft:
         return Draft(
@@ -62,7 +62,7 @@ class VerifyAddress(EmailNotice):
     """)
 
     def params(self, event: dict[str, Any]) -> dict[str, Any]:
-        return {"account_id": _id(event, "account_id")}
+        return {"account_id": positive_id(event, "account_id")}
 
     def compose(self, event: dict[str, Any], recipients: tuple[Recipient, ...]) -> Draft:
         return Draft(
@@ -77,7 +77,7 @@ class VerifyAddress(EmailNotice):
         return f"account:{event['account_id']}:email"
 
     def subject_account_id(self, event: dict[str, Any]) -> int | None:
-        return _id(event, "account_id")
+        return positive_id(event, "account_id")
 
 
 WORKSPACE_ALERT = register(WorkspaceAlert())

