@@ -253,13 +253,17 @@ def test_the_option_wins_over_the_variable(database_url: str, empty_database_url
 IMPORT_EVERYTHING = """
 import sys
 import outbox, outbox.cli, outbox.email, outbox.executor, outbox.metrics, outbox.testing
+import outbox.nats, outbox.webhook
 import flows.drain, flows.purge
 from outbox.email.notice import _NOTICES
 from outbox.kinds import ActionKind
+from outbox.nats.events import _EVENTS as _NATS_EVENTS
+from outbox.webhook.endpoints import _ENDPOINTS
+from outbox.webhook.events import _EVENTS as _WEBHOOK_EVENTS
 assert [getattr(outbox, name) for name in outbox.__all__]
 assert callable(outbox.enqueue), outbox.enqueue
-assert not _NOTICES, _NOTICES
-assert [kind.name for kind in ActionKind.all()] == ["EMAIL"], ActionKind.all()
+assert not _NOTICES and not _NATS_EVENTS and not _WEBHOOK_EVENTS and not _ENDPOINTS
+assert [kind.name for kind in ActionKind.all()] == ["EMAIL", "NATS_EVENT", "WEBHOOK"], ActionKind.all()
 assert not [name for name in sys.modules if name.split(".")[0] in ("examples", "tests", "bench")]
 """
 
