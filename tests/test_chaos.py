@@ -1,17 +1,21 @@
 """Proof under faults: a seeded chaos run (`tests/chaos/`) breaks no invariant.
 
-The default run includes two short runs: 90 s of faults against 4 executor processes, a real SMTP sink
-and PostgreSQL (its own, restartable, unless OUTBOX_TEST_DATABASE_URL names a server: then every fault but
-the restart), each executor reaching it through a network relay of its own that drops, delays or resets its
-packets at times; then up to a few minutes for the leases of killed, frozen and cut-off holders to expire
-and the store to settle: about 3 minutes each. The second run puts a PgBouncer in transaction pooling
-between the relays and PostgreSQL. Each run happens once, in a module-scoped fixture; each test below reads
-one invariant from its report. A long run is `python -m tests.chaos --seed N --minutes 30`, or these tests'
-`chaos_long` instances with OUTBOX_CHAOS_MINUTES and OUTBOX_CHAOS_SEED set.
+The default run includes two short runs: 90 s of faults against 4 executor processes, a real SMTP sink,
+a nats-server with JetStream, a webhook receiver process behind a relay, and PostgreSQL (its own,
+restartable, unless OUTBOX_TEST_DATABASE_URL names a server: then every fault but the restart), each
+executor reaching it through a network relay of its own that drops, delays or resets its packets at times;
+the workload holds EMAIL, TEST_READBACK, WEBHOOK and NATS_EVENT actions; then up to a few minutes for
+the leases of killed, frozen and cut-off holders to expire and the store to settle: about 3 minutes each.
+The second run puts a PgBouncer in transaction pooling between the relays and PostgreSQL. Each run happens
+once, in a module-scoped fixture; each test below reads one invariant from its report. A long run is
+`python -m tests.chaos --seed N --minutes 30`, or these tests' `chaos_long` instances with
+OUTBOX_CHAOS_MINUTES and OUTBOX_CHAOS_SEED set.
 
 Every breach the checks find must be explained by a late write: a holder frozen after its window check
 and woken past its lease, which no fence can stop. The run injects that case on purpose and the tests
-assert it was seen, counted apart, and is the only cause of the breaches found.
+assert it was seen, counted apart, and is the only cause of the breaches found. It also freezes WEBHOOK
+and NATS_EVENT holders right after their provider accepted, the case read-back exists for: the tests
+assert the next claim found each such effect and made no second one.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ SHORT_SEED = 20261130
 SHORT_MINUTES = 1.5
 PROCESS_FAULTS = ("SIGKILL", "SIGSTOP short", "SIGSTOP past the lease")
 NETWORK_FAULTS = ("network cut", "network delay", "network blackhole short", "network blackhole past the lease")
+PROVIDER_FAULTS = ("NATS server SIGKILL", "webhook relay cut", "webhook relay blackhole", "webhook receiver SIGKILL")
 # a blackholed executor's statements are bounded client-side (10 s): it finds the database unreachable within this
 NOTICE_SECONDS = 15.0
 # and once the network is back, it beats again within this
@@ -81,7 +86,7 @@ def run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 def test_every_fault_kind_was_injected(run: Run) -> None:
     faults = run.report.faults
     injected = {name.split(" (")[0].split(":")[0] for name, n in faults.items() if n and "skipped" not in name}
-    expected = {*PROCESS_FAULTS, *NETWORK_FAULTS, "relay", "pg_terminate_backend", "brink", "erasure"}
+    expected = {*PROCESS_FAULTS, *NETWORK_FAULTS, *PROVIDER_FAULTS, "relay", "pg_terminate_backend", "brink", "erasure"}
     if run.restartable:
         expected.add("PostgreSQL restart")
     assert expected <= injected, run.table
@@ -96,6 +101,41 @@ def test_every_kill_recovered(run: Run) -> None:
 def test_the_brink_late_write_was_seen(run: Run) -> None:
     """The one case no fence can stop happened, and was seen as late."""
     assert run.report.late_writes[BRINK_LATE_WRITE] >= 1, run.table
+
+
+@pytest.mark.parametrize("kind", ["WEBHOOK", "NATS_EVENT"])
+def test_webhooks_and_events_ran_and_ended(run: Run, kind: str) -> None:
+    """Both kinds ran through the faults: most of their actions ended DONE, each checked against its provider."""
+    figures = run.report.figures(kind)
+    assert figures["actions"] >= 40, run.table
+    assert figures["ended DONE"] >= figures["actions"] // 2, run.table
+
+
+@pytest.mark.parametrize("kind", ["WEBHOOK", "NATS_EVENT"])
+def test_every_holder_frozen_after_the_provider_accepted_left_one_effect(run: Run, kind: str) -> None:
+    """The brink read-back exists for: the provider took the effect, its holder froze before recording it
+    (then was SIGKILLed, or woken past its lease); the next claim found the effect and made no second one."""
+    figures = run.report.figures(kind)
+    brinks = [b for b in run.report.brinks if b.kind == kind]
+    assert brinks, run.table
+    assert figures["brinks whose next claim found the effect"] == len(brinks), run.table
+
+
+def test_a_reclaimed_event_was_read_back_by_its_subject(run: Run) -> None:
+    """Past the stream's duplicate window (shorter than the lease), a reclaim found the event by its subject."""
+    assert run.report.figures("NATS_EVENT")["DONE by a read-back that found the event"] >= 1, run.table
+
+
+def test_the_stream_holds_each_event_once(run: Run) -> None:
+    figures = run.report.figures("NATS_EVENT")
+    assert figures["messages in the stream"] == figures["distinct Nats-Msg-Id in the stream"], run.table
+
+
+def test_the_receiver_absorbed_webhooks_sent_again(run: Run) -> None:
+    """A webhook sent again after its answer was lost is a second delivery, never a second effect."""
+    figures = run.report.figures("WEBHOOK")
+    assert figures["webhook-ids delivered more than once (absorbed)"] >= 1, run.table
+    assert figures["deliveries at the receiver"] > figures["effects at the receiver"], run.table
 
 
 def test_every_breach_is_explained_by_a_late_write(run: Run) -> None:

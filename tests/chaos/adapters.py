@@ -3,11 +3,15 @@
     EMAIL          ─▶ the real EmailAdapter (examples.accounts notices, SMTP to the runner's SmtpSink)
     TEST_READBACK  ─▶ ReadbackAdapter: its "provider" is the table chaos_provider_write, one row per write
                       (reached directly, OUTBOX_CHAOS_PROVIDER_URL, not through the executor's network)
+    WEBHOOK        ─▶ the real WebhookAdapter (examples.accounts webhooks: ACCOUNTS_ALERTS_WEBHOOK_URL, the
+                      runner's relay to its receiver process; OUTBOX_WEBHOOK_SECRET_ALERTS)
+    NATS_EVENT     ─▶ the real NatsAdapter (examples.accounts events: OUTBOX_NATS_URL, the runner's nats-server)
 
-Both are wrapped by a journal: one JSON line per attempt start and end (action, epoch, attempt, whether the
-claim found an earlier write, the result, whether the attempt returned past its write window), appended to
-the file OUTBOX_CHAOS_JOURNAL, so the runner knows what a killed process held. OUTBOX_TEST_CLOCK_SKEW_SECONDS
-moves this process's wall clock (time.time), as in tests/adapters.py: no lease or due time may read it.
+Each is wrapped by a journal: one JSON line per attempt start and end (action, epoch, attempt, whether the
+claim found an earlier write, the result and a Done's reference, whether the attempt returned past its
+write window), appended to the file OUTBOX_CHAOS_JOURNAL, so the runner knows what a killed process held.
+OUTBOX_TEST_CLOCK_SKEW_SECONDS moves this process's wall clock (time.time), as in tests/adapters.py: no lease
+or due time may read it.
 
 The read-back adapter follows the README: when `attempt.write_started()`, it looks for an earlier write
 (by action id) before it fences, and reports Done with that write instead of writing again. Every provider
@@ -18,6 +22,13 @@ An action whose payload says `"brink": true` freezes its own process (SIGSTOP) o
 after `window.check()` passed and before the provider write: the one case no fence can stop. The runner
 sees the stopped process, keeps it stopped past its lease and window, then wakes it; the write then
 happens late, and is counted apart.
+
+A WEBHOOK or NATS_EVENT action whose idempotency key is a line of the file OUTBOX_CHAOS_BRINKS freezes its
+process (SIGSTOP) right after the provider accepted it (the real adapter returned Done) and before the
+executor records the result: the case read-back exists for. The runner sees the stopped process, takes the
+key out of the file, then SIGKILLs the process or keeps it stopped past its lease and wakes it; the next
+claim must find the effect (NATS: by the event's subject, past the stream's duplicate window; webhook: the
+receiver holds the webhook-id and answers without a second effect).
 """
 
 from __future__ import annotations
@@ -34,12 +45,17 @@ from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-from examples.accounts import notices
+from examples.accounts import events, notices, webhooks
 from outbox.email import email_adapters
 from outbox.executor import ActionAdapter, ActionAttempt, Done, Result, Retry, Uncertain
 from outbox.executor.results import result_name
 from outbox.kinds import ActionKind
+from outbox.nats import nats_adapters
+from outbox.webhook import WebhookAdapter
 from tests import kinds
+
+# the kinds whose brink comes after the provider accepted (the keys in OUTBOX_CHAOS_BRINKS)
+AFTER_ACCEPT = ("WEBHOOK", "NATS_EVENT")
 
 PROVIDER_TABLE = """
 CREATE TABLE IF NOT EXISTS chaos_provider_write (
@@ -92,12 +108,22 @@ class Journal:
         self._file.write(json.dumps(entry) + "\n")
 
 
-class Journaled:
-    """Wraps an adapter: journals each attempt's start and end; the adapter's behaviour is unchanged."""
+def brink_keys(path: str | None) -> set[str]:
+    """The idempotency keys whose actions freeze their process once the provider accepted them."""
+    if not path or not os.path.exists(path):
+        return set()
+    with open(path) as file:
+        return {line.strip() for line in file if line.strip()}
 
-    def __init__(self, inner: ActionAdapter, journal: Journal) -> None:
+
+class Journaled:
+    """Wraps an adapter: journals each attempt's start and end; the adapter's behaviour is unchanged, but for
+    the brink after the provider accepted (WEBHOOK and NATS_EVENT, keys in `brinks`)."""
+
+    def __init__(self, inner: ActionAdapter, journal: Journal, brinks: str | None = None) -> None:
         self._inner = inner
         self._journal = journal
+        self._brinks = brinks if inner.kind.name in AFTER_ACCEPT else None
 
     @property
     def kind(self) -> ActionKind:
@@ -107,10 +133,16 @@ class Journaled:
         self._journal.write(
             "start", attempt, kind=self.kind.name, lane=attempt.action.lane_key, prior=attempt.write_started()
         )
-        outcome = "raised"
+        outcome, ref = "raised", None
         try:
             result = await self._inner.execute(attempt)
             outcome = result_name(result)
+            if isinstance(result, Done):
+                ref = result.readback_ref
+                if attempt.action.idempotency_key in brink_keys(self._brinks):
+                    # accepted by the provider, not recorded yet: descheduled here until the runner decides
+                    self._journal.write("brink", attempt, kind=self.kind.name, pid=os.getpid(), ref=ref)
+                    os.kill(os.getpid(), signal.SIGSTOP)
             return result
         except asyncio.CancelledError:
             outcome = "cancelled"
@@ -118,7 +150,7 @@ class Journaled:
         finally:
             window = attempt.window
             late = window is not None and window.remaining() <= 0
-            self._journal.write("end", attempt, result=outcome, fenced=window is not None, past_window=late)
+            self._journal.write("end", attempt, result=outcome, ref=ref, fenced=window is not None, past_window=late)
 
 
 class ReadbackAdapter:
@@ -152,7 +184,7 @@ class ReadbackAdapter:
         brink = bool(isinstance(action.payload, dict) and action.payload.get("brink")) and action.attempt == 1
         if brink:
             window.check()
-            self._journal.write("brink", attempt, pid=os.getpid())
+            self._journal.write("brink", attempt, kind=self.kind.name, pid=os.getpid())
             os.kill(os.getpid(), signal.SIGSTOP)  # descheduled between the check and the call
         try:
             async with self._provider.connect() as conn:
@@ -199,8 +231,9 @@ def _skew_clock() -> None:
 
 
 def adapters(engine: AsyncEngine) -> list[ActionAdapter]:
-    """The chaos executor's adapters: EMAIL (the example notices) and TEST_READBACK, both journaled."""
-    assert notices.WORKSPACE_ALERT and notices.VERIFY_ADDRESS  # registered
+    """The chaos executor's adapters: EMAIL (the example notices), TEST_READBACK, WEBHOOK and NATS_EVENT (the
+    example's alert webhook and event), each journaled."""
+    assert notices.WORKSPACE_ALERT and notices.VERIFY_ADDRESS and webhooks.ALERT_RAISED and events.ALERT_EVENT
     _skew_clock()
     journal = Journal(os.environ.get("OUTBOX_CHAOS_JOURNAL"))
     # the provider is another system than the outbox's database: OUTBOX_CHAOS_PROVIDER_URL, when given,
@@ -213,7 +246,10 @@ def adapters(engine: AsyncEngine) -> list[ActionAdapter]:
         pool_pre_ping=True,  # a provider that reconnects: a holder frozen past its lease still writes late
         connect_args={"application_name": "chaos-provider"},
     )
+    brinks = os.environ.get("OUTBOX_CHAOS_BRINKS")
     return [
         Journaled(email_adapters(engine)[0], journal),
         Journaled(ReadbackAdapter(provider, journal), journal),
+        Journaled(WebhookAdapter(engine), journal, brinks),
+        Journaled(nats_adapters(engine)[0], journal, brinks),
     ]

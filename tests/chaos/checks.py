@@ -1,5 +1,6 @@
 """The invariants of a chaos run, checked once its executors stopped, from the relay's messages, the read-back
-provider's writes, the executors' journals, the metrics and the database.
+provider's writes, the NATS stream's messages, the webhook receiver's journal, the executors' journals, the
+metrics and the database.
 
 `check` gathers the evidence once (`gather`), then each `check_*` function checks one invariant, or one
 family of them, and records what it finds in the report: breaches (`Report.breach`) and the counts the
@@ -12,6 +13,8 @@ that merely lost its network must not call a provider once it cannot prove its w
 from __future__ import annotations
 
 import itertools
+import json
+import re
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,8 +26,11 @@ from sqlalchemy import Engine, text
 
 from outbox.email import message_id
 from outbox.metrics.exporter import registry_for
+from outbox.nats import event_token
+from outbox.webhook import webhook_id
 from tests import kinds
 from tests.chaos import journal
+from tests.chaos.providers import StreamMessage
 from tests.chaos.records import ENDED_STATES, SENDER_DOMAIN, Erasure, Planned
 from tests.chaos.report import Report
 
@@ -64,6 +70,13 @@ class Evidence:
     engine: Engine
     freezes: dict[int, list[list[float]]]  # by pid: when a fault or a brink froze it, [start, end] epoch seconds
     journal_pids: dict[str, int]  # by journal file name: the process that wrote it
+    stream: list[StreamMessage]  # every message of the NATS stream, in sequence order
+    stored: dict[str, list[StreamMessage]]  # the same, by Nats-Msg-Id
+    nats_events: dict[str, Planned]  # the NATS_EVENT actions, by their event's id (the Nats-Msg-Id)
+    effects: dict[str, dict[str, Any]]  # the webhook receiver's journal: webhook-id -> body, deliveries, receiver id
+    hooks: dict[str, Planned]  # the WEBHOOK actions, by webhook-id
+    may_have_fenced: set[int]  # the actions an attempt fenced, or may have (it never ended: killed)
+    ends: list[dict[str, Any]]  # every attempt's end in the journals (recorded or not)
 
     def frozen_before(self, pids: set[int], start: float, end: float) -> bool:
         """One of `pids` was frozen at some moment in [start - FREEZE_REACH_SECONDS, end]."""
@@ -92,10 +105,13 @@ class Evidence:
 
 
 def check(chaos: Chaos, report: Report) -> None:
-    """Every invariant, from the sink's and the provider's records, the journals and the database."""
+    """Every invariant, from the sink's and the providers' records, the journals and the database."""
     evidence = gather(chaos, report)
     check_emails(evidence, report)
     check_readbacks(evidence, report)
+    check_nats(evidence, report)
+    check_webhooks(evidence, report)
+    check_brinks_after_accept(evidence, report)
     check_lanes(evidence, report)
     check_journals(evidence, report)
     check_nothing_lost(evidence, report)
@@ -124,7 +140,7 @@ def gather(chaos: Chaos, report: Report) -> Evidence:
             r.id: r
             for r in conn.execute(
                 text("""
-                SELECT id, kind, lane_key, state, stop_reason, due_at > now() AS later,
+                SELECT id, kind, lane_key, state, stop_reason, due_at > now() AS later, readback_ref, last_error,
                        extract(epoch FROM ended_at)::float8 AS ended_at
                   FROM agent_action
                 """)
@@ -156,6 +172,11 @@ def gather(chaos: Chaos, report: Report) -> Evidence:
     by_action: dict[int, list[Any]] = defaultdict(list)
     for w in writes:
         by_action[w.action_id].append(w)
+    may_have_fenced, ends = _attempts(sorted(chaos.work_dir.glob("journal-*.jsonl")))
+    stream = chaos.provider.stream_messages()
+    stored: dict[str, list[StreamMessage]] = defaultdict(list)
+    for message in stream:
+        stored[message.msg_id or ""].append(message)
     return Evidence(
         planned=list(chaos.planned.values()),
         rows=rows,
@@ -170,7 +191,33 @@ def gather(chaos: Chaos, report: Report) -> Evidence:
         engine=engine,
         freezes=chaos.freezes,
         journal_pids=chaos.journal_pids,
+        stream=stream,
+        stored=stored,
+        nats_events={event_token(p.key): p for p in chaos.planned.values() if p.kind == "NATS_EVENT"},
+        effects=chaos.provider.effects(),
+        hooks={webhook_id(p.key): p for p in chaos.planned.values() if p.kind == "WEBHOOK"},
+        may_have_fenced=may_have_fenced,
+        ends=ends,
     )
+
+
+def _attempts(paths: list[Path]) -> tuple[set[int], list[dict[str, Any]]]:
+    """From the journals: the actions some attempt fenced (or may have: it started and never ended), and
+    every attempt's end."""
+    fenced: set[int] = set()
+    ends: list[dict[str, Any]] = []
+    for path in paths:
+        open_attempts: set[tuple[int, int]] = set()
+        for entry in journal.read(path):
+            if entry["e"] == "start":
+                open_attempts.add((entry["id"], entry["epoch"]))
+            elif entry["e"] == "end":
+                open_attempts.discard((entry["id"], entry["epoch"]))
+                ends.append(entry)
+                if entry.get("fenced"):
+                    fenced.add(entry["id"])
+        fenced.update(action_id for action_id, _ in open_attempts)
+    return fenced, ends
 
 
 def check_emails(ev: Evidence, report: Report) -> None:
@@ -259,6 +306,139 @@ def check_readbacks(ev: Evidence, report: Report) -> None:
             )
 
 
+def check_nats(ev: Evidence, report: Report) -> None:
+    """NATS_EVENT, every message the stream holds: each Nats-Msg-Id once and an enqueued event's; exactly one
+    for an action ended DONE, at most one for UNCERTAIN, none for an action that never fenced or was erased
+    before its fence; none stored after its action ended, but by a frozen holder."""
+    figures = report.figures("NATS_EVENT")
+    figures["messages in the stream"] = len(ev.stream)
+    figures["distinct Nats-Msg-Id in the stream"] = len(ev.stored)
+    for msg_id, messages in ev.stored.items():
+        if msg_id not in ev.nats_events:
+            report.breach("a message nobody enqueued is in the stream", None, f"seq {messages[0].seq}: {msg_id}")
+    for plan in ev.planned:
+        if plan.kind != "NATS_EVENT":
+            continue
+        got = ev.stored.get(event_token(plan.key), [])
+        end = ev.end_of(plan)
+        late = [m for m in got if end is not None and m.at > end]
+        explained = bool(late) and ev.frozen_before(ev.writers(plan.id), late[0].at, late[-1].at)
+        if late:
+            report.late_writes["NATS_EVENT stored after its action ended"] += len(late)
+            if not explained:
+                detail = f"seq {late[0].seq}, {late[0].at - (end or 0):.1f} s after the end"
+                report.breach("an event stored after its action ended, by no frozen process", plan.id, detail)
+        if len(got) > 1:
+            report.count("duplicates", explained)
+            seqs = ", ".join(str(m.seq) for m in got)
+            report.breach("one Nats-Msg-Id stored twice in the stream", plan.id, f"seqs {seqs}", explained)
+        _check_effects(ev, report, plan, len(got) - len(late), explained, [m.at for m in got])
+    ids = {p.id for p in ev.nats_events.values()}
+    for entry in ev.ends:
+        if entry["id"] in ids:
+            ref = entry.get("ref") or ""
+            figures["attempts Done by a read-back (recorded or not)"] += "read back" in ref
+            figures["PubAcks marked duplicate (recorded or not)"] += ref.endswith(" duplicate")
+
+
+def check_webhooks(ev: Evidence, report: Report) -> None:
+    """WEBHOOK, the receiver's journal: each webhook-id an enqueued action's, with that action's body, one
+    effect however often delivered (deliveries counted: a second one is absorbed); an effect for every action
+    ended DONE, at most one for UNCERTAIN, none for an action that never fenced."""
+    figures = report.figures("WEBHOOK")
+    figures["effects at the receiver"] = len(ev.effects)
+    figures["deliveries at the receiver"] = sum(int(e["deliveries"]) for e in ev.effects.values())
+    figures["webhook-ids delivered more than once (absorbed)"] = sum(
+        1 for e in ev.effects.values() if int(e["deliveries"]) > 1
+    )
+    for msg_id, effect in ev.effects.items():
+        plan = ev.hooks.get(msg_id)
+        if plan is None:
+            report.breach("an effect at the receiver nobody enqueued", None, msg_id)
+        elif _alert_of(effect["body"]) != plan.key.rpartition(":")[2]:
+            report.breach("the receiver holds another webhook's body under a webhook-id", plan.id, msg_id)
+    for plan in ev.planned:
+        if plan.kind == "WEBHOOK":
+            held = ev.effects.get(webhook_id(plan.key))
+            row = ev.rows.get(plan.id)
+            if held is not None and row is not None and row.state == "DONE" and int(held["deliveries"]) > 1:
+                figures["DONE after a second delivery (the receiver absorbed it)"] += 1
+            _check_effects(ev, report, plan, 0 if held is None else 1, False, None)
+
+
+def _alert_of(body: str) -> str:
+    try:
+        return str(json.loads(body)["data"]["alert_id"])
+    except (ValueError, KeyError, TypeError):
+        return ""
+
+
+def _check_effects(
+    ev: Evidence, report: Report, plan: Planned, effects: int, late: bool, times: list[float] | None
+) -> None:
+    """The effects a WEBHOOK or NATS_EVENT action's provider holds against the state it ended in, its
+    erasure, and whether any attempt of it fenced. `times`: when each effect was made (None: unknown)."""
+    figures = report.figures(plan.kind)
+    figures["actions"] += 1
+    if effects and plan.id not in ev.may_have_fenced:
+        report.breach("an effect for an action whose fence never happened", plan.id, plan.kind, late)
+    if plan.id in ev.erased:
+        erasure, found = ev.erased[plan.id]
+        figures["erased"] += 1
+        after = [t for t in times if t > erasure.at] if times is not None else []
+        if after and not found["fenced"] and found["state"] not in ENDED_STATES:
+            report.breach("an erased account's pending action reached its provider", plan.id, found["state"], late)
+        return
+    row = ev.rows.get(plan.id)
+    if row is None:
+        report.breach("an action vanished without an erasure", plan.id, plan.kind)
+        return
+    figures[f"ended {row.state}"] += row.ended_at is not None
+    if row.state == "DONE" and "read back" in (row.readback_ref or ""):
+        figures["DONE by a read-back that found the event"] += 1
+    if row.state == "DONE" and (row.readback_ref or "").endswith(" duplicate"):
+        figures["DONE with a PubAck marked duplicate"] += 1
+    if row.state in ("UNCERTAIN", "FAILED"):
+        report.reasons[(plan.kind, row.state, _shape(row.last_error))] += 1
+    if row.state == "FAILED" and effects:
+        # FAILED says the provider holds nothing: a gap of the adapter, counted and shown, not an invariant here
+        figures["FAILED though the provider holds the effect"] += 1
+        report.notes.append(f"{plan.kind} {plan.id} ended FAILED ({row.last_error}) though its provider holds it")
+        return
+    low, high = EFFECTS_ALLOWED.get(row.state, (0, 0))
+    if not low <= effects <= high:
+        detail = f"{row.stop_reason}: {effects} at the provider"
+        report.breach(f"a {plan.kind} action ended {row.state} with the wrong number of effects", plan.id, detail, late)
+
+
+def _shape(reason: str | None) -> str:
+    """A reason without its numbers (sequences, seconds, ids), so alike reasons count together."""
+    return re.sub(r"\d+(\.\d+)?", "N", reason or "")[:160]
+
+
+def check_brinks_after_accept(ev: Evidence, report: Report) -> None:
+    """Each WEBHOOK and NATS_EVENT brink (frozen once the provider accepted): the next claim found the effect
+    and ended DONE with it, never a second effect (NATS: read back by its subject, past the duplicate window;
+    webhook: sent again, the receiver absorbed it)."""
+    plans = {p.id: p for p in ev.planned}
+    for brink in report.brinks:
+        plan = plans.get(brink.action_id or 0)
+        if brink.kind not in ("WEBHOOK", "NATS_EVENT") or plan is None:
+            continue
+        row = ev.rows.get(plan.id)
+        ref = (row.readback_ref or "") if row is not None else ""
+        if brink.kind == "NATS_EVENT":
+            found = "read back" in ref and len(ev.stored.get(event_token(plan.key), [])) == 1
+        else:
+            effect = ev.effects.get(webhook_id(plan.key))
+            found = bool(ref) and effect is not None and int(effect["deliveries"]) >= 2
+        found = found and row is not None and row.state == "DONE"
+        brink.outcome += "; the next claim found the effect" if found else f"; NOT found ({ref or 'no ref'})"
+        figures = report.figures(brink.kind)
+        figures[f"brinks ended by {brink.ending}"] += 1
+        figures["brinks whose next claim found the effect"] += found
+
+
 def lane_spans(ev: Evidence) -> dict[str, list[Span]]:
     """Every message at the relay and every write at the provider, by lane."""
     spans: dict[str, list[Span]] = defaultdict(list)
@@ -270,6 +450,10 @@ def lane_spans(ev: Evidence) -> dict[str, list[Span]]:
         if plan.kind == kinds.READBACK.name:
             for w in ev.by_action.get(plan.id, []):
                 spans[plan.lane].append((w.started_at, w.ended_at or w.started_at, plan.id, _late(w), "READBACK"))
+        elif plan.kind == "NATS_EVENT":  # the moment the server stored it (a webhook's is not known)
+            end = ev.end_of(plan)
+            for m in ev.stored.get(event_token(plan.key), []):
+                spans[plan.lane].append((m.at, m.at, plan.id, end is not None and m.at > end, "NATS_EVENT"))
     return spans
 
 
@@ -305,12 +489,18 @@ def check_journals(ev: Evidence, report: Report) -> None:
 
 
 def check_nothing_lost(ev: Evidence, report: Report) -> None:
-    """Nothing lost: every action not erased has ended or is legitimately waiting."""
+    """Nothing lost: every action not erased has ended or is legitimately waiting (a parked proposal, a retry
+    not due yet, or an action behind a WEBHOOK's retry in its lane: the runner does not wait 5 minutes)."""
+    webhook_retry: dict[str, int] = {}  # by lane: the first WEBHOOK waiting for a retry not due yet
+    for row in ev.rows.values():
+        if row.ended_at is None and row.state == "ADMITTED" and row.later and row.kind == "WEBHOOK":
+            webhook_retry[row.lane_key] = min(row.id, webhook_retry.get(row.lane_key, row.id))
     for plan in ev.planned:
         row = ev.rows.get(plan.id)
         if row is None or row.ended_at is not None:
             continue
-        if plan.parked or (row.state == "ADMITTED" and row.later):
+        behind = row.id > webhook_retry.get(row.lane_key, row.id)
+        if plan.parked or (row.state == "ADMITTED" and (row.later or behind)):
             report.waiting += 1
             continue
         report.lost.append({"action": plan.id, "kind": plan.kind, "state": row.state, "lane": plan.lane})
@@ -362,7 +552,7 @@ def check_metrics(ev: Evidence, report: Report) -> None:
         "CANCELLED": [("CANCELLED", "NOT_WANTED")],
         "UNCERTAIN": [("UNCERTAIN", "PROVIDER_UNCERTAIN"), ("UNCERTAIN", "ERROR_AFTER_WRITE")],
     }
-    for kind in (kinds.READBACK.name, "EMAIL"):
+    for kind in (kinds.READBACK.name, "EMAIL", "WEBHOOK", "NATS_EVENT"):
         for result, reasons in by_result.items():
             want = sum(ended.get((kind, state, reason), 0) for state, reason in reasons)
             got = attempts.get((kind, result, "true"), 0)

@@ -33,10 +33,10 @@ def held(path: Path | None) -> list[tuple[int, int]]:
     return sorted(open_attempts)
 
 
-def brink_of(path: Path | None) -> tuple[int | None, int | None]:
-    """The last action (and its epoch) a process froze itself at the brink for."""
+def brink_of(path: Path | None) -> tuple[int | None, int | None, str]:
+    """The last action (its epoch, its kind) a process froze itself at the brink for."""
     brinks = [e for e in read(path) if e["e"] == "brink"]
-    return (brinks[-1]["id"], brinks[-1]["epoch"]) if brinks else (None, None)
+    return (brinks[-1]["id"], brinks[-1]["epoch"], brinks[-1]["kind"]) if brinks else (None, None, "")
 
 
 # what an executor logs when a statement of its finds the database unavailable (the loop, the group commit)

@@ -24,7 +24,8 @@ class ChaosConfig:
     rate: float = 15.0  # actions enqueued per second
     lease_seconds: float = 65.0
     mean_fault_gap: float = 3.0  # seconds between faults, on average (exponential)
-    brink_every: float = 240.0  # one on-purpose frozen-at-the-brink holder this often (the first two at once)
+    brink_every: float = 120.0  # one on-purpose frozen-at-the-brink holder this often (the first four at once)
+    nats_duplicate_window: float = 20.0  # shorter than the lease: a reclaim's read-back falls past it
     settle_seconds: float = 360.0  # the most a run waits for the store to settle after the faults
     server_url: str | None = None  # an existing server's maintenance database; None: our own, restartable
     pooler: str | None = None  # None, or PgBouncer's pool mode ("transaction", "session") between relays and server
@@ -62,6 +63,7 @@ class Brink:
     slot: int = -1
     released_at: float | None = None
     outcome: str = ""
+    ending: str = ""  # WEBHOOK and NATS_EVENT: "SIGKILL" or "past the lease"
 
 
 @dataclass

@@ -46,6 +46,9 @@ class Report:
     provider_writes: int = 0
     settle_seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
+    # WEBHOOK and NATS_EVENT: figures per kind, and why actions ended UNCERTAIN or FAILED (kind, state, reason)
+    by_kind: dict[str, Counter[str]] = field(default_factory=dict)
+    reasons: Counter[tuple[str, str, str]] = field(default_factory=Counter)
 
     def breach(self, invariant: str, action_id: int | None, detail: str, late: bool = False) -> None:
         """An invariant found broken; `late`: explained by a late write (the case no fence can stop)."""
@@ -54,6 +57,10 @@ class Report:
     def count(self, what: str, late: bool) -> None:
         name = f"late_{what}" if late else what
         setattr(self, name, getattr(self, name) + 1)
+
+    def figures(self, kind: str) -> Counter[str]:
+        """The figures of one kind's provider (WEBHOOK, NATS_EVENT), made on first use."""
+        return self.by_kind.setdefault(kind, Counter())
 
     @property
     def unexplained(self) -> list[dict[str, Any]]:
@@ -113,6 +120,7 @@ def render(report: Report) -> str:
         f" Restart to first heartbeat: p50 {percentile(beats, 0.5):.1f} s, max {max(beats, default=0):.1f} s"
         " (no fault stops or cuts off a process before its first heartbeat).",
     ]
+    lines += provider_lines(report)
     lines += partition_lines(report.partitions)
     enqueues = report.enqueue_seconds
     lines.append(
@@ -147,6 +155,24 @@ def render(report: Report) -> str:
     if report.driver_retries:
         lines += ["", "Driver retries on lost connections: " + json.dumps(dict(report.driver_retries))]
     return "\n".join(lines)
+
+
+def provider_lines(report: Report) -> list[str]:
+    """WEBHOOK and NATS_EVENT: what each kind's provider holds, the read-backs, the brinks, and why actions
+    ended UNCERTAIN or FAILED."""
+    lines: list[str] = []
+    for kind in ("WEBHOOK", "NATS_EVENT"):
+        figures = report.by_kind.get(kind)
+        if not figures:
+            continue
+        lines += ["", f"| {kind} | count |", "| --- | ---: |"]
+        lines += [f"| {name} | {n} |" for name, n in sorted(figures.items())]
+    if report.reasons:
+        lines += ["", "| kind | ended | reason | actions |", "| --- | --- | --- | ---: |"]
+        lines += [f"| {k} | {s} | {r} | {n} |" for (k, s, r), n in sorted(report.reasons.items())]
+    if report.notes:
+        lines += ["", "Notes: " + json.dumps(report.notes[:20])]
+    return [*lines, ""] if lines else []
 
 
 def partition_lines(partitions: list[Partition]) -> list[str]:

@@ -10,6 +10,8 @@ fault isolates one executor while the others carry on; the runner's own connecti
                     ─▶ NetRelay i ─▶ PgBouncer (--pooler) ───────▶ PostgreSQL
                     ─▶ NetRelay i' ─▶ PostgreSQL  (its LISTEN connection, behind a transaction pooler)
     its read-back provider, the runner (enqueue, faults, checks) ─▶ PostgreSQL
+    its WEBHOOK adapter ─▶ the webhook relay ─▶ the receiver process; its NATS_EVENT adapter ─▶ nats-server
+                           (tests.chaos.providers; the runner kills both providers and cuts the relay)
 """
 
 from __future__ import annotations
@@ -39,18 +41,21 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 
 import outbox
 from demo.sink import Faults, SmtpSink
-from examples.accounts import notices, schema
+from examples.accounts import events, notices, schema, webhooks
 from outbox import migrate
 from outbox.db import psycopg_url
 from outbox.erasure import erase_account
 from outbox.errors import InvalidRequest, OutboxError
+from outbox.nats import enqueue_event
 from outbox.testing import install_kinds
+from outbox.webhook import enqueue_webhook
 from tests import kinds
 from tests.chaos import journal
-from tests.chaos.adapters import PROVIDER_TABLE
+from tests.chaos.adapters import AFTER_ACCEPT, PROVIDER_TABLE
 from tests.chaos.checks import check
 from tests.chaos.netrelay import NetRelay
 from tests.chaos.postgres import OwnPostgres
+from tests.chaos.providers import Providers
 from tests.chaos.records import (
     ENDED_STATES,
     SENDER_DOMAIN,
@@ -107,6 +112,10 @@ class Chaos:
         self.work_dir = config.work_dir or Path(tempfile.mkdtemp(prefix=f"outbox-chaos-{config.seed}-"))
         self.work_dir.mkdir(parents=True, exist_ok=True)
         self.own: OwnPostgres | None = None
+        self.providers: Providers | None = None
+        self.brink_file = self.work_dir / "brinks.txt"  # the keys of WEBHOOK and NATS_EVENT brinks, armed
+        self.brink_keys: dict[str, tuple[str, float]] = {}  # armed: key -> its kind, when armed
+        self.brinks_of_kind: Counter[str] = Counter()
         self.pooler: PgBouncer | None = None
         # when each process was frozen (by a fault or a brink): [start, end], epoch seconds
         self.freezes: dict[int, list[list[float]]] = {}
@@ -172,6 +181,8 @@ class Chaos:
         self.sink = SmtpSink(seed=config.seed)
         self.sink.on_rcpt = self._on_rcpt
         self.sink.start()
+        self.providers = Providers(self.work_dir, config.seed, config.nats_duplicate_window)
+        self.brink_file.write_text("")
         parsed = make_url(server)
         socket_dir = parsed.query.get("host")
         direct = (socket_dir if isinstance(socket_dir, str) else parsed.host or "127.0.0.1", parsed.port or 5432)
@@ -225,6 +236,8 @@ class Chaos:
             "OUTBOX_SMTP_TIMEOUT_SECONDS": "90",
             "OUTBOX_TEST_CLOCK_SKEW_SECONDS": str(slot.skew),
             "OUTBOX_CHAOS_JOURNAL": str(slot.journal),
+            "OUTBOX_CHAOS_BRINKS": str(self.brink_file),
+            **self.provider.env(),
             "PYTHONPATH": str(ROOT),
         }
         if len(slot.relays) > 1:
@@ -243,6 +256,11 @@ class Chaos:
         slot.started_at = self.now()
         slot.beat_at = None
 
+    @property
+    def provider(self) -> Providers:
+        assert self.providers is not None
+        return self.providers
+
     def _log_of(self, slot: Slot) -> Path:
         return self.work_dir / f"executor-{slot.index}-{slot.incarnation}.log"
 
@@ -256,12 +274,16 @@ class Chaos:
     def at(self, delay: float, event: Callable[[], None]) -> None:
         heapq.heappush(self.events, (self.now() + delay, next(self._seq), event))
 
-    def _enqueue(self, request: outbox.ActionRequest, plan: Planned, prepare: Any = None) -> Planned | None:
+    def _enqueue(
+        self, request: outbox.ActionRequest, plan: Planned, prepare: Any = None, submit: Any = None
+    ) -> Planned | None:
+        """Enqueue `request` (or what `submit(conn)` enqueues) after `prepare(conn)`, in one transaction."""
+
         def once() -> Any:
             with self.engine.begin() as conn:
                 if prepare is not None:
                     prepare(conn)
-                return outbox.enqueue(conn, request)
+                return submit(conn) if submit is not None else outbox.enqueue(conn, request)
 
         started = time.monotonic()
         try:
@@ -288,12 +310,16 @@ class Chaos:
         rng = self.work_rng
         options = self._options()
         roll = rng.random()
-        if roll < 0.25:
+        if roll < 0.22:
             self._enqueue_alert(options)
-        elif roll < 0.45:
+        elif roll < 0.40:
             account = 1000 + rng.randint(1, self.ACCOUNTS)
             if account not in self.erased_accounts:
                 self._enqueue_verify(account, options)
+        elif roll < 0.50:
+            self._enqueue_alert_event("WEBHOOK", options)
+        elif roll < 0.60:
+            self._enqueue_alert_event("NATS_EVENT", options)
         else:
             self._enqueue_readback(options)
 
@@ -358,6 +384,68 @@ class Chaos:
         planned.expires = request.expires_at is not None
         if self._enqueue(request, planned) is not None:
             self._after_enqueue(planned)
+
+    def _enqueue_alert_event(
+        self, kind: str, options: dict[str, Any], *, brink: bool = False, lane: str | None = None
+    ) -> None:
+        """A workspace alert's webhook or NATS event, through the example's definitions: in its own lane
+        (enqueue_webhook / enqueue_event), or in a lane shared with emails or read-backs, or in an account's
+        lane with that account as its subject (erasable)."""
+        rng = self.work_rng
+        definition: Any = webhooks.ALERT_RAISED if kind == "WEBHOOK" else events.ALERT_EVENT
+        workspace = rng.choice([1, 2]) if rng.random() < 0.5 else rng.randint(3, self.WORKSPACES)
+        account = None
+        roll = rng.random()
+        if lane is not None:
+            pass
+        elif roll < 0.55:
+            lane = None  # the definition's own: workspace:<w>:webhook or workspace:<w>:event
+        elif roll < 0.70:
+            workspace = rng.randint(1, 3)
+            lane = f"workspace:{workspace}:email"  # shared with the workspace's alert emails and read-backs
+        elif roll < 0.80:
+            lane = f"rb:hot:{rng.randint(0, 2)}"  # shared with read-backs
+        else:
+            account = 1000 + rng.randint(1, self.ACCOUNTS)
+            if account in self.erased_accounts:
+                return
+            lane = f"account:{account}:rb"
+        event = {"workspace_id": workspace, "alert_id": next(self.counters)}
+        # WEBHOOK's second retry waits 5 min: at most 3 attempts keeps a run's tail within its settling
+        attempts = 5 if brink else rng.choice([2, 3]) if kind == "WEBHOOK" else options["max_attempts"]
+        request = definition.request(event, max_attempts=attempts)
+        extra = _extra(options)
+        if lane is not None or extra:
+            request = dataclasses.replace(
+                request, lane_key=lane or request.lane_key, subject_account_id=account, **extra
+            )
+        planned = Planned(0, kind, request.idempotency_key, request.lane_key, account, brink=brink)
+        planned.proposed = request.proposed
+        planned.expires = request.expires_at is not None
+        if brink:  # armed before any executor can claim it
+            self.brink_keys[request.idempotency_key] = (kind, self.now())
+            self._write_brink_keys()
+
+        def prepare(conn: Connection) -> None:
+            conn.execute(
+                text("INSERT INTO app_alert VALUES (:id, :ws, 'Alert', 'body') ON CONFLICT DO NOTHING"),
+                {"id": event["alert_id"], "ws": event["workspace_id"]},
+            )
+
+        def submit(conn: Connection) -> Any:
+            if request.lane_key != definition.lane_key(event) or extra:
+                return outbox.enqueue(conn, request)
+            if kind == "WEBHOOK":
+                return enqueue_webhook(conn, definition, event, max_attempts=attempts)
+            return enqueue_event(conn, definition, event, max_attempts=attempts)
+
+        if self._enqueue(request, planned, prepare, submit) is not None:
+            self._after_enqueue(planned)
+
+    def _write_brink_keys(self) -> None:
+        partial = self.brink_file.with_name(self.brink_file.name + ".partial")
+        partial.write_text("".join(f"{key}\n" for key in sorted(self.brink_keys)))
+        os.replace(partial, self.brink_file)
 
     def _after_enqueue(self, planned: Planned) -> None:
         if planned.proposed and not planned.parked:
@@ -439,7 +527,7 @@ class Chaos:
             and _state(s.process.pid) != "T"
         ]
 
-    # the first round injects every kind once, in this order
+    # the first round injects every kind once, in this order (the providers' faults hold no executor: last)
     FAULT_WEIGHTS: ClassVar[dict[str, int]] = {
         "SIGKILL": 30,
         "relay": 22,
@@ -451,6 +539,10 @@ class Chaos:
         "network blackhole short": 5,
         "SIGSTOP past the lease": 5,
         "network blackhole past the lease": 3,
+        "NATS server SIGKILL": 4,
+        "webhook relay cut": 5,
+        "webhook relay blackhole": 3,
+        "webhook receiver SIGKILL": 4,
     }
 
     def fault_plan(self) -> Iterator[str]:
@@ -509,12 +601,44 @@ class Chaos:
                 for pid in chosen:
                     conn.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
             name = f"pg_terminate_backend ({'every connection' if everyone else 'some connections'})"
+        elif name in (
+            "NATS server SIGKILL",
+            "webhook relay cut",
+            "webhook relay blackhole",
+            "webhook receiver SIGKILL",
+        ):
+            return self._provider_fault(name)
         elif name == "PostgreSQL restart":
             assert self.own is not None
             mode = rng.choice(["fast", "immediate"])
             self.pg_restarts.append(self.own.restart(mode))
             self.engine.dispose()
             name = f"PostgreSQL restart ({mode})"
+        self.faults[name] += 1
+        return True
+
+    def _provider_fault(self, name: str) -> bool:
+        """A fault of the WEBHOOK or NATS_EVENT providers; False when the last one of its kind is not over."""
+        providers, rng = self.provider, self.rng
+        if self._armed("NATS_EVENT" if name == "NATS server SIGKILL" else "WEBHOOK"):
+            return False
+        if name == "NATS server SIGKILL":
+            if not providers.nats.running():
+                return False
+            providers.nats.kill()
+            self.at(rng.uniform(1, 10), providers.nats.start)  # same port, same store
+        elif name == "webhook receiver SIGKILL":
+            if not providers.receiver_running():
+                return False
+            providers.kill_receiver()
+            self.at(rng.uniform(0.5, 8), providers.start_receiver)  # same port, same journal
+        elif name == "webhook relay cut":
+            self.faults["webhook relay: connections reset"] += providers.relay.cut()
+        else:
+            if providers.relay.mode != "pass":
+                return False
+            providers.relay.blackhole()
+            self.at(rng.uniform(2, 20), providers.relay.pass_)
         self.faults[name] += 1
         return True
 
@@ -601,17 +725,53 @@ class Chaos:
 
         self.at(delay, restart)
 
-    def brink_readback(self) -> None:
+    # each brink returns False when it cannot be armed now (its provider is down): tried again a second later
+
+    def brink_readback(self) -> bool:
         self._enqueue_readback({"max_attempts": 5}, brink=True, lane=f"rb:{self.work_rng.randint(0, 299)}")
         self.faults["brink: read-back holder frozen after its window check (on purpose)"] += 1
+        return True
 
-    def brink_email(self) -> None:
+    def brink_webhook(self) -> bool:
+        providers = self.provider
+        if not providers.receiver_running() or providers.relay.mode != "pass":
+            return False
+        self._brink_after_accept("WEBHOOK")
+        self.faults["brink: webhook holder frozen after the receiver accepted it (on purpose)"] += 1
+        return True
+
+    def brink_nats(self) -> bool:
+        if not self.provider.nats.running():
+            return False
+        self._brink_after_accept("NATS_EVENT")
+        self.faults["brink: NATS holder frozen after its PubAck (on purpose)"] += 1
+        return True
+
+    def _brink_after_accept(self, kind: str) -> None:
+        """An action, in a lane of its own, whose holder freezes once the provider accepted it."""
+        lane = f"brink:{kind.lower()}:{next(self.counters)}"
+        self._enqueue_alert_event(kind, {"max_attempts": 5}, brink=True, lane=lane)
+
+    def _disarm(self, action_id: int) -> None:
+        """The brink was seen: a later claim of its action runs as any other."""
+        plan = self.planned.get(action_id)
+        if plan is not None and plan.key in self.brink_keys:
+            del self.brink_keys[plan.key]
+            self._write_brink_keys()
+
+    def _armed(self, kind: str) -> bool:
+        """A brink of `kind` waits for its provider to accept (for a minute at most): its provider's faults
+        wait too, so the brink is the effect accepted, not a fault's retry."""
+        return any(k == kind and self.now() - at < 60 for k, at in self.brink_keys.values())
+
+    def brink_email(self) -> bool:
         if self.brink_accounts_used == self.BRINK_ACCOUNTS:
-            return
+            return True
         self.brink_accounts_used += 1
         account = 9000 + self.brink_accounts_used
         self.relay_brink_addresses.add(f"brink-{account - 9000}@example.com")
         self._enqueue_verify(account, {"max_attempts": 5}, brink=True)
+        return True
 
     def _on_rcpt(self, session: Any, address: str) -> None:
         """In the sink's thread: freeze the process sending to a brink address, before RCPT is answered."""
@@ -669,13 +829,24 @@ class Chaos:
                 and slot.down_since is None
                 and _state(process.pid) == "T"
             ):
-                # stopped, and not by us: a read-back holder that froze itself at the brink, once per action
-                action_id, epoch = journal.brink_of(slot.journal)
+                # stopped, and not by us: a holder that froze itself at the brink, once per action
+                action_id, epoch, kind = journal.brink_of(slot.journal)
                 if action_id is not None and action_id not in self.brinks_seen:
                     self.brinks_seen.add(action_id)
-                    slot.brink = Brink(kinds.READBACK.name, action_id, epoch, now, slot.index)
+                    slot.brink = Brink(kind, action_id, epoch, now, slot.index)
+                    if kind in AFTER_ACCEPT:
+                        # the provider holds the effect, the store does not know yet: SIGKILL the holder, or
+                        # keep it stopped past its lease (each in turn, per kind, SIGKILL first)
+                        self._disarm(action_id)
+                        slot.brink.ending = ("SIGKILL", "past the lease")[self.brinks_of_kind[kind] % 2]
+                        self.brinks_of_kind[kind] += 1
                     self.brinks.append(slot.brink)
                     self.freezes.setdefault(process.pid, []).append([time.time() - 1, math.inf])
+            if slot.brink is not None and slot.brink.ending == "SIGKILL" and now - slot.brink.since >= 1:
+                slot.brink.released_at, slot.brink.outcome = now, "SIGKILLed while frozen"
+                slot.brink = None
+                self._kill(slot)
+                continue
             if slot.brink is not None and self._release_brink(slot.brink, now):
                 self._wake(process.pid)
                 slot.brink.released_at = now
@@ -812,8 +983,9 @@ class Chaos:
         kinds_injected: set[str] = set()
         next_fault = self.now() + self.rng.uniform(1, 2)
         next_brink = self.now() + 2
-        brinks = itertools.cycle([self.brink_readback, self.brink_email])
+        brinks = itertools.cycle([self.brink_readback, self.brink_webhook, self.brink_nats, self.brink_email])
         brink_count = 0
+        waiting_brink: Callable[[], bool] | None = None
         next_enqueue = self.now()
         next_erasure = self.now() + self.work_rng.uniform(2, 8)
         next_track = 0.0
@@ -826,10 +998,15 @@ class Chaos:
                 retrying("erase", self.erase_one, self.errors)
                 next_erasure = now + self.work_rng.uniform(3, 12)
             if now >= next_brink:
-                next(brinks)()
-                brink_count += 1
-                # the first two early, apart, so a short run sees both
-                next_brink = now + (min(30, config.seconds * 0.4) if brink_count == 1 else config.brink_every)
+                brink = waiting_brink or next(brinks)
+                if brink():
+                    waiting_brink = None
+                    brink_count += 1
+                    # the first four early, apart, so a short run sees each (the email brink about 30 s in)
+                    early = [5.0, 5.0, min(30, config.seconds * 0.4) - 10]
+                    next_brink = now + (early[brink_count - 1] if brink_count <= len(early) else config.brink_every)
+                else:
+                    waiting_brink, next_brink = brink, now + 1
             if now >= next_fault:
                 # one fault per fault time: the first that can be injected now; a fault that needs an
                 # executor to spare waits for the next fault time (a few at most, oldest first, and every
@@ -909,6 +1086,8 @@ class Chaos:
         for slot in self.slots:
             for relay in slot.relays:
                 relay.close()
+        if self.providers is not None:
+            self.providers.close()
         if self.pooler is not None:
             self.pooler.stop()
         if hasattr(self, "sink"):
@@ -924,8 +1103,18 @@ class Chaos:
             admin.dispose()
 
 
-# Actions not ended outside the parked lanes, where proposals wait for a decision nobody takes on purpose.
-UNSETTLED = "SELECT count(*) FROM agent_action WHERE ended_at IS NULL AND lane_key NOT LIKE 'parked:%'"
+# the faults of the WEBHOOK and NATS_EVENT providers (Chaos._provider_fault)
+PROVIDER_FAULTS = ("NATS server SIGKILL", "webhook relay cut", "webhook relay blackhole", "webhook receiver SIGKILL")
+
+# Actions not ended outside the parked lanes, where proposals wait for a decision nobody takes on purpose,
+# and not waiting behind (or at) a WEBHOOK whose retry is more than a minute ahead (its second waits 5 min).
+UNSETTLED = """
+SELECT count(*) FROM agent_action AS a
+ WHERE a.ended_at IS NULL AND a.lane_key NOT LIKE 'parked:%'
+   AND NOT EXISTS (SELECT 1 FROM agent_action AS b
+                    WHERE b.lane_key = a.lane_key AND b.id <= a.id AND b.state = 'ADMITTED' AND b.kind = 'WEBHOOK'
+                      AND b.due_at > now() + interval '60 seconds')
+"""
 
 
 def _extra(options: dict[str, Any]) -> dict[str, Any]:
