@@ -6,16 +6,19 @@
 One run:
   1. its own PostgreSQL (the embedded binaries, 127.0.0.1, restartable; or OUTBOX_CHAOS_DATABASE_URL's server,
      which this run cannot restart), a fresh database, the example application, an SmtpSink on 127.0.0.1
-     in this process, and 4 executor processes (`outbox run --adapters tests.chaos.adapters:adapters
-     --lease-seconds 65`), two of them with their wall clock hours off;
-  2. a mixed workload enqueued at a steady rate: EMAIL (at most once, the example notices) and TEST_READBACK
-     (at least once, reads back), many lanes, some hot, some shared by both kinds, some with expires_at,
-     some proposals admitted or refused later (and a few parked on purpose), accounts erased while their
-     actions wait;
+     in this process, a nats-server with the stream ACCOUNTS (a duplicate window shorter than the lease), a
+     webhook receiver process behind a relay, and 4 executor processes (`outbox run --adapters
+     tests.chaos.adapters:adapters --lease-seconds 65`), two of them with their wall clock hours off;
+  2. a mixed workload enqueued at a steady rate: EMAIL (at most once, the example notices), TEST_READBACK
+     (at least once, reads back), WEBHOOK and NATS_EVENT (the example's alert webhook and event), many
+     lanes, some hot, some shared by several kinds, some with expires_at, some proposals admitted or
+     refused later (and a few parked on purpose), accounts erased while their actions wait;
   3. faults at random moments (seeded): SIGKILL (restarted after a pause, often with another clock skew),
      SIGSTOP/SIGCONT (short, or past the lease), relay faults (4xx, 5xx, drop or stall after DATA, a flaky
-     relay), pg_terminate_backend, a PostgreSQL restart (fast or immediate), and on purpose the one case no
-     fence can stop: a holder frozen right after its window check, woken past its lease;
+     relay), pg_terminate_backend, a PostgreSQL restart (fast or immediate), the nats-server and the
+     webhook receiver SIGKILLed and restarted, the webhook relay cut or blackholed; on purpose the one case
+     no fence can stop (a holder frozen right after its window check, woken past its lease), and WEBHOOK
+     and NATS_EVENT holders frozen right after their provider accepted, SIGKILLed or woken past the lease;
   4. settle, stop the executors with SIGTERM, and check every invariant (see `tests.chaos.checks`).
 
 The seed fixes the workload and the fault schedule (kinds, order, gaps, targets); process timing does not
@@ -24,11 +27,13 @@ repeat exactly, so two runs with one seed inject the same faults at nearly the s
 
 # The modules, one job each:
 #  runner    the run: set-up, workload, faults, watching the executors, settling, stopping, tear-down
-#  adapters  the executor processes' adapters (EMAIL and TEST_READBACK, journaled; the brink)
+#  adapters  the executor processes' adapters (EMAIL, TEST_READBACK, WEBHOOK, NATS_EVENT, journaled; the brinks)
 #  journal   reading those journals: what a killed process held, where a process froze itself
 #  checks    the invariants, checked once the executors stopped
 #  report    what a run did and found, as a Markdown table or JSON
 #  records   the configuration and what the runner keeps track of (slots, kills, brinks, actions, erasures)
 #  postgres  a PostgreSQL of the run's own, which it may restart
+#  providers the WEBHOOK and NATS_EVENT providers of the run's own (nats-server, receiver, its relay)
+#  receiver  the webhook receiver's process, which starts again from its journal
 #
 # Nothing is imported here: executor processes import `tests.chaos.adapters` alone.
