@@ -5,14 +5,19 @@
 One PostgreSQL (embedded 18, or OUTBOX_BENCH_DATABASE_URL), a fresh database per run, the systems
 alternated within every scenario (each round in a rotated order) so that drift hits all alike:
 1. burn-down: N no-op jobs committed in one transaction, drained by 2 worker processes: jobs/s;
-   the same with 1 and 4 workers for the throughput-vs-workers plot (smaller N, time-capped)
+   the same with 1 and 4 workers for the throughput-vs-workers plot (smaller N, time-capped);
+   pgqueuer runs as two systems, at its default batch size (pgqueuer-10) and its best documented one
+   (pgqueuer-50); `--only pgqueuer` takes both
 2. steady state: a producer enqueues one job per transaction at a fixed rate for S seconds; a step
    search for the highest rate at which the backlog stops growing (namastack's criterion)
 3. pickup latency: enqueue commit to job start, p50/p95/p99, at 50 jobs/s
 4. lanes: 200 lanes x 250 jobs with per-key serial execution: jobs/s, and whether order held
-5. the limit: the same row writes as a SQL-only loop (`bench.peers.sql_loop`), and pgbench's simple-update
+5. the limit: the same row writes as SQL-only loops (`bench.peers.sql_loop`: the bare table, the
+   spec-minimal table, outbox's schema and statements; alternated, one per round, each round rotated),
+   with their backends' CPU per action, and pgbench's simple-update
 6. cost: peak RSS of one worker (VmHWM), CPU seconds per 1,000 jobs in the workers and in PostgreSQL
-Prints one table with outbox/peer ratios, writes plots to bench/, and the Markdown to --markdown.
+Prints one table with outbox/peer ratios and every round, writes plots to --plots (made if new), and the
+Markdown to --markdown.
 """
 
 from __future__ import annotations
@@ -47,13 +52,20 @@ from bench.peers import sql_loop as sql_loop_module
 from bench.peers.common import JobRecord, read_produced, read_records
 from bench.peers.dbos_peer import Dbos
 from bench.peers.outbox_peer import Outbox
-from bench.peers.pgqueuer_peer import Pgqueuer
+from bench.peers.pgqueuer_peer import DEFAULT_BATCH_SIZE, Pgqueuer
 from bench.peers.procrastinate_peer import Procrastinate
 
 # outbox at its best documented settings: bigger batches (flags, no code change) and a producer on psycopg
 # 3 (enqueue on the application's psycopg connection); its defaults run the burn-down as well
 TUNED = ("--concurrency", "256", "--claim-batch", "200")
-SYSTEMS: list[System] = [Outbox("outbox", TUNED, driver="psycopg"), Pgqueuer(), Procrastinate(), Dbos()]
+# pgqueuer at its default batch size and at its best documented one (50), as two systems
+SYSTEMS: list[System] = [
+    Outbox("outbox", TUNED, driver="psycopg"),
+    Pgqueuer(DEFAULT_BATCH_SIZE),
+    Pgqueuer(50),
+    Procrastinate(),
+    Dbos(),
+]
 DEFAULTS = Outbox("outbox-defaults")
 WORK = ROOT / ".outbox" / "compare"
 
@@ -121,12 +133,12 @@ class Server:
             with contextlib.suppress(psutil.Error):
                 t = child.cpu_times()
                 total += t.user + t.system
-        return total
+        return float(total)
 
 
 def cpu_seconds(pid: int) -> float:
     t = psutil.Process(pid).cpu_times()
-    return t.user + t.system + t.children_user + t.children_system
+    return float(t.user + t.system + t.children_user + t.children_system)
 
 
 def peak_rss_bytes(pid: int) -> int:
@@ -356,7 +368,18 @@ def best_pass(steps: list[Steady]) -> float:
 # ---- the limit -------------------------------------------------------------------------------------
 
 
-def sql_loop(db: Server, variant: str, jobs: int, seconds: float) -> float:
+# the SQL-only loops run in every round, in a rotated order; lifecycle once after them
+LOOPS = ("minimal", "spec-minimal", "schema")
+
+
+@dataclass
+class Loop:
+    variant: str
+    rate: float  # jobs/s of the two processes together
+    backend_us: float  # CPU of the loops' two server backends, µs per job
+
+
+def sql_loop(db: Server, variant: str, jobs: int, seconds: float) -> Loop:
     run_dir = WORK / f"limit-{variant}"
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.mkdir(parents=True)
@@ -369,6 +392,8 @@ def sql_loop(db: Server, variant: str, jobs: int, seconds: float) -> float:
             with engine.connect() as conn:
                 conn.execution_options(isolation_level="AUTOCOMMIT").execute(text("VACUUM ANALYZE"))
             engine.dispose()
+        elif variant == "spec-minimal":
+            sql_loop_module.create_spec(libpq, jobs)
         else:
             sql_loop_module.create_minimal(libpq, jobs if variant == "minimal" else 0)
         outs = [run_dir / f"out-{i}" for i in range(2)]
@@ -382,7 +407,8 @@ def sql_loop(db: Server, variant: str, jobs: int, seconds: float) -> float:
             process.wait(timeout=600)
     results = [sql_loop_module.read_result(out) for out in outs]
     done = sum(r[0] for r in results)
-    return done / ((max(r[2] for r in results) - min(r[1] for r in results)) / 1e9)
+    rate = done / ((max(r[2] for r in results) - min(r[1] for r in results)) / 1e9)
+    return Loop(variant, rate, sum(r[3] for r in results) / done * 1e6)
 
 
 def pgbench(db: Server, clients: int, seconds: float) -> float:
@@ -459,14 +485,17 @@ def main() -> None:
     parser.add_argument(
         "--skip", nargs="*", default=[], choices=["burn", "sweep", "steady", "latency", "lanes", "limit"]
     )
-    parser.add_argument("--only", nargs="*", default=None, help="systems to run (names)")
+    parser.add_argument(
+        "--only", nargs="*", default=None, help="systems to run (names; pgqueuer takes pgqueuer-10 and pgqueuer-50)"
+    )
     parser.add_argument("--markdown", type=Path, default=WORK / "table.md")
-    parser.add_argument("--plots", type=Path, default=ROOT / "bench")
+    parser.add_argument("--plots", type=Path, default=ROOT / "bench", help="folder of the plots (made if new)")
     args = parser.parse_args()
     global SYSTEMS
     if args.only:
-        SYSTEMS = [s for s in SYSTEMS if s.name in args.only]
+        SYSTEMS = [s for s in SYSTEMS if s.name in args.only or s.name.split("-")[0] in args.only]
     WORK.mkdir(parents=True, exist_ok=True)
+    args.plots.mkdir(parents=True, exist_ok=True)
     db = Server(harness.server_url())
     print(
         f"machine: {platform.machine()}, {os.cpu_count()} cores, {psutil.virtual_memory().total / 2**30:.0f} GiB,"
@@ -514,9 +543,9 @@ def main() -> None:
     latency: dict[str, list[float]] = {}
     if "latency" not in args.skip:
         for system in SYSTEMS:
-            run = produce_run(db, system, 50.0, 12.0, "latency")
-            latency[system.name] = run.latencies_ms
-            lat = run.latencies_ms
+            probe = produce_run(db, system, 50.0, 12.0, "latency")
+            latency[system.name] = probe.latencies_ms
+            lat = probe.latencies_ms
             print(
                 f"  pickup {system.name:13} p50 {quantile(lat, 50):6.1f} ms, p95 {quantile(lat, 95):6.1f} ms,"
                 f" p99 {quantile(lat, 99):6.1f} ms ({len(lat)} jobs)",
@@ -540,18 +569,28 @@ def main() -> None:
             )
     results["lanes"] = {k: asdict(v) for k, v in lanes.items()}
 
+    loops: dict[str, list[Loop]] = defaultdict(list)
     limit: dict[str, float] = {}
     if "limit" not in args.skip:
-        limit["minimal"] = sql_loop(db, "minimal", args.jobs, args.step_seconds)
-        limit["schema"] = sql_loop(db, "schema", args.jobs, args.step_seconds)
-        limit["lifecycle"] = sql_loop(db, "lifecycle", args.jobs, args.step_seconds)
+        for rnd in range(args.rounds):
+            for variant in LOOPS[rnd % len(LOOPS) :] + LOOPS[: rnd % len(LOOPS)]:
+                looped = sql_loop(db, variant, args.jobs, args.step_seconds)
+                loops[variant].append(looped)
+                print(
+                    f"  limit {variant:13} round {rnd + 1}: {looped.rate:8,.0f} jobs/s,"
+                    f" {looped.backend_us:6.1f} µs of backend CPU per job",
+                    flush=True,
+                )
+        limit = {variant: statistics.median(r.rate for r in runs) for variant, runs in loops.items()}
+        limit["lifecycle"] = sql_loop(db, "lifecycle", args.jobs, args.step_seconds).rate
         limit["pgbench_c2"] = pgbench(db, 2, 15)
         limit["pgbench_c8"] = pgbench(db, 8, 15)
         print("  limit " + ", ".join(f"{k} {v:,.0f}/s" for k, v in limit.items()), flush=True)
     results["limit"] = limit
+    results["loops"] = {k: [asdict(r) for r in v] for k, v in loops.items()}
 
     (WORK / "results.json").write_text(json.dumps(results, indent=1, default=str))
-    table = report(burn, steady, latency, lanes, limit)
+    table = report(burn, steady, latency, lanes, limit, loops)
     print(table)
     args.markdown.write_text(table + "\n")
     plot(sweep, latency, args.plots)
@@ -572,6 +611,7 @@ def report(
     latency: dict[str, list[float]],
     lanes: dict[str, Drain],
     limit: dict[str, float],
+    loops: dict[str, list[Loop]],
 ) -> str:
     names = [s.name for s in SYSTEMS]
     peers = [n for n in names if n != "outbox"]
@@ -582,10 +622,11 @@ def report(
         return statistics.median(get(r) for r in runs) if runs else None
 
     rows.append(("burn-down, 2 workers (jobs/s)", {n: med(n, lambda r: r.rate) for n in names}, True, 0))
+    # outbox at its defaults against every peer's burn-down (the peers' own cells repeat the row above)
     rows.append(
         (
             "burn-down, outbox with its defaults (64, claims of the free slots)",
-            {"outbox": med(DEFAULTS.name, lambda r: r.rate)},
+            {**{p: med(p, lambda r: r.rate) for p in peers}, "outbox": med(DEFAULTS.name, lambda r: r.rate)},
             True,
             0,
         )
@@ -633,6 +674,11 @@ def report(
         ]
         for key, label, ours in (
             ("minimal", "SQL-only loop: claim, fence, finish 50 at a time, bare table (vs burn-down)", ours_burn),
+            (
+                "spec-minimal",
+                "SQL-only loop on the spec-minimal table: guard, unique lane index (vs burn-down)",
+                ours_burn,
+            ),
             ("schema", "SQL-only loop on outbox's own schema and statements (vs burn-down)", ours_burn),
             ("lifecycle", "SQL-only loop with one insert per transaction first (vs steady state)", ours_steady),
             ("pgbench_c2", "pgbench simple-update, 2 clients, tps (vs burn-down)", ours_burn),
@@ -640,6 +686,30 @@ def report(
         ):
             if key in limit:
                 lines.append(f"| {label} | {fmt(limit[key])} | {fmt(ours)} | {ratio(ours, limit[key])} |")
+    if loops:
+        lines += [
+            "",
+            "| SQL-only loop, 2 processes | jobs/s (median) | rounds | backend CPU µs per job (median) | rounds |",
+            "| --- | ---: | --- | ---: | --- |",
+        ]
+        for variant, runs in loops.items():
+            rates = " / ".join(fmt(r.rate) for r in runs)
+            cpus = " / ".join(fmt(r.backend_us, 1) for r in runs)
+            cpu = statistics.median(r.backend_us for r in runs)
+            lines.append(f"| {variant} | {fmt(limit[variant])} | {rates} | {fmt(cpu, 1)} | {cpus} |")
+        if "schema" in limit and "spec-minimal" in limit:
+            spec, ours_loop = statistics.median(r.backend_us for r in loops["spec-minimal"]), loops["schema"]
+            lines.append(
+                f"\noutbox's schema loop against the spec-minimal loop: {limit['spec-minimal'] / limit['schema']:.2f}x"
+                f" the time per job, {statistics.median(r.backend_us for r in ours_loop) / spec:.2f}x the backend CPU"
+                " (target <= 1.3x)"
+            )
+    if burn:
+        lines += [
+            "",
+            "burn-down rounds (jobs/s): "
+            + "; ".join(f"{name} " + " / ".join(fmt(r.rate) for r in runs) for name, runs in burn.items()),
+        ]
     return "\n".join(lines)
 
 

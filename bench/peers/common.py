@@ -66,6 +66,7 @@ def worker_arguments(description: str) -> argparse.Namespace:
     worker.add_argument("--ready", default=None)
     worker.add_argument("--concurrency", type=int, default=64)
     worker.add_argument("--lanes", action="store_true", help="serial execution per lane")
+    worker.add_argument("--batch-size", type=int, default=None, help="jobs per fetch, where the system has one")
     produce = sub.add_parser("produce")
     produce.add_argument("--url", required=True)
     produce.add_argument("--out", required=True)

@@ -1,7 +1,11 @@
 """pgqueuer as a benchmark system: a PgQueuer worker over one asyncpg connection, and its enqueue API.
 
-    worker:   python -m bench.peers.pgqueuer_peer worker --url ... --record ... [--concurrency N]
+    worker:   python -m bench.peers.pgqueuer_peer worker --url ... --record ... [--batch-size N]
     producer: python -m bench.peers.pgqueuer_peer produce --url ... --rate ... --seconds ...
+
+`bench.compare` runs it twice, as two systems: at its default batch size (10, `pgqueuer-10`) and at its
+best documented one (50, `pgqueuer-50`). The batch is the jobs a worker fetches per dequeue, and the size of
+its batched completion log.
 
 pgqueuer has no per-key serial execution (an entrypoint's `concurrency_limit=1` serialises the whole
 entrypoint), so it sits out the lanes run.
@@ -18,13 +22,15 @@ from typing import Any
 from bench.peers import System, WorkerSpec, base_env, libpq_url
 from bench.peers.common import Recorder, mark_ready, produce, worker_arguments
 
-# jobs a worker fetches per dequeue; also the size of its batched completion log
-BATCH_SIZE = 50
+# pgqueuer's own default batch size (`QueueManager.run`)
+DEFAULT_BATCH_SIZE = 10
 
 
 class Pgqueuer(System):
-    name = "pgqueuer"
-    settings = f"1 asyncpg connection per worker, batch_size {BATCH_SIZE}, unlimited tasks, LISTEN/NOTIFY"
+    def __init__(self, batch_size: int) -> None:
+        self.name = f"pgqueuer-{batch_size}"
+        self.batch_size = batch_size
+        self.settings = f"1 asyncpg connection per worker, batch_size {batch_size}, unlimited tasks, LISTEN/NOTIFY"
 
     def prepare(self, url: str) -> None:
         asyncio.run(_install(libpq_url(url)))
@@ -39,12 +45,12 @@ class Pgqueuer(System):
         return "SELECT count(*) FROM pgqueuer WHERE status IN ('queued', 'picked')"
 
     def worker(self, url: str, record: Path, ready: Path, lanes: bool) -> WorkerSpec:
-        args = ("--record", str(record), "--ready", str(ready))
+        args = ("--record", str(record), "--ready", str(ready), "--batch-size", str(self.batch_size))
         return WorkerSpec(self.module_command("worker", url, *args), base_env())
 
 
 async def _install(dsn: str) -> None:
-    import asyncpg
+    import asyncpg  # type: ignore[import-untyped]
     from pgqueuer import AsyncpgDriver, Queries
 
     conn = await asyncpg.connect(dsn)
@@ -65,7 +71,7 @@ async def _preload(dsn: str, count: int) -> None:
         await conn.close()
 
 
-async def _work(dsn: str, record: str, ready: str | None) -> None:
+async def _work(dsn: str, record: str, ready: str | None, batch_size: int) -> None:
     import asyncpg
     from pgqueuer import Job, PgQueuer
 
@@ -82,7 +88,7 @@ async def _work(dsn: str, record: str, ready: str | None) -> None:
         loop.add_signal_handler(signum, pgq.qm.shutdown.set)
     mark_ready(ready)
     try:
-        await pgq.qm.run(batch_size=BATCH_SIZE)
+        await pgq.qm.run(batch_size=batch_size)
     finally:
         recorder.write()
 
@@ -107,7 +113,7 @@ async def _produce(dsn: str, rate: float, seconds: float, connections: int, out:
 def main() -> None:
     args = worker_arguments(__doc__ or "")
     if args.command == "worker":
-        asyncio.run(_work(args.url, args.record, args.ready))
+        asyncio.run(_work(args.url, args.record, args.ready, args.batch_size or DEFAULT_BATCH_SIZE))
     else:
         asyncio.run(_produce(args.url, args.rate, args.seconds, args.connections, Path(args.out)))
 

@@ -1,26 +1,36 @@
 """The database's own limit for outbox's row writes: insert, claim, fence, finish, with no executor around them.
 
-    minimal  : a bare `job` table (no trigger, no lane table); per round trip of 50:
-               claim (UPDATE ... SKIP LOCKED) ─▶ fence (UPDATE write_started_at) ─▶ finish (UPDATE to DONE),
-               each its own transaction, as outbox's executor does them
-    lifecycle: the same, after inserting those 50 jobs one per transaction, as callers enqueue them
-    schema   : outbox's own statements (`outbox.store_executor`: the claim and the group commit) on
-               `agent_action` with its triggers and lane table: what the database costs outbox
+    minimal     : a bare `job` table (no trigger, no lane table); per round trip of 50:
+                  claim (UPDATE ... SKIP LOCKED) ─▶ fence (UPDATE write_started_at) ─▶ finish (UPDATE to DONE),
+                  each its own transaction, as outbox's executor does them
+    lifecycle   : the same, after inserting those 50 jobs one per transaction, as callers enqueue them
+    spec-minimal: what any implementation of outbox's promises pays and nothing more: `agent_action` with the
+                  columns of the schema contract, its guard trigger in PL/pgSQL, the unique lane index
+                  (`ux_agent_action_lane_executing`), the unique idempotency key, a claim of lane heads by the
+                  rule itself (no lane table), the fence in its own transaction, then the result
+    schema      : outbox's own statements (`outbox.store.executor`: the claim and the group commit) on
+                  `agent_action` with its triggers and lane table: what the database costs outbox
 
-    python -m bench.peers.sql_loop minimal|lifecycle|schema --url ... --seconds S --out FILE
+    python -m bench.peers.sql_loop minimal|lifecycle|spec-minimal|schema --url ... --seconds S --out FILE
 
 Each process loops until nothing is left to claim (or `--seconds` for lifecycle) and writes
-`<jobs> <first start ns> <last end ns>`.
+`<jobs> <first start ns> <last end ns> <CPU seconds of its server backend>`.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
+import os
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import psycopg
+
+if TYPE_CHECKING:
+    from sqlalchemy import TextClause
 
 BATCH = 50
 
@@ -50,6 +60,7 @@ UPDATE job AS j SET write_started_at = now()
   FROM unnest(%s::bigint[], %s::int[]) AS f (id, epoch)
  WHERE j.id = f.id AND j.epoch = f.epoch AND j.state = 'EXECUTING'
    AND j.lease_expires_at >= now() + interval '60 s'
+RETURNING j.id, j.epoch
 """
 FINISH = """
 UPDATE job AS j SET state = 'DONE', ended_at = now(), payload = NULL, lease_expires_at = NULL
@@ -57,66 +68,235 @@ UPDATE job AS j SET state = 'DONE', ended_at = now(), payload = NULL, lease_expi
  WHERE j.id = f.id AND j.epoch = f.epoch AND j.state = 'EXECUTING'
 """
 
+# The schema contract's table, constraints and guard, and not one index more than the claim by the lane rule
+# needs: the due actions in due order, and an earlier unstarted action of a lane by (lane_key, id).
+SPEC_CREATE = """
+CREATE TABLE agent_action (
+    id                 bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    kind               text        NOT NULL CHECK (kind IN ('EMAIL', 'TEST_NOOP')),
+    workspace_id       bigint,
+    lane_key           text        NOT NULL,
+    idempotency_key    text        NOT NULL CONSTRAINT ux_agent_action_idempotency_key UNIQUE,
+    payload            jsonb,
+    subject_account_id bigint,
+    max_attempts       integer     NOT NULL CHECK (max_attempts > 0),
+    expires_at         timestamptz,
+    state              text        NOT NULL CHECK (state IN ('PROPOSED', 'ADMITTED', 'EXECUTING', 'DONE',
+                                                            'UNCERTAIN', 'FAILED', 'CANCELLED')),
+    attempt            integer     NOT NULL DEFAULT 0,
+    epoch              bigint      NOT NULL DEFAULT 0,
+    due_at             timestamptz NOT NULL DEFAULT now(),
+    lease_expires_at   timestamptz,
+    write_started_at   timestamptz,
+    stop_reason        text        CHECK (stop_reason IN ('CONFIRMED', 'PROVIDER_REFUSED', 'ATTEMPTS_EXHAUSTED',
+                                                          'PROVIDER_UNCERTAIN', 'ERROR_AFTER_WRITE',
+                                                          'LEASE_LOST_AFTER_WRITE', 'EXPIRED',
+                                                          'PROPOSAL_REFUSED', 'NOT_WANTED')),
+    readback_ref       text,
+    created_at         timestamptz NOT NULL DEFAULT now(),
+    ended_at           timestamptz,
+    -- an instance-level kind (EMAIL) may run without a workspace; every other needs one
+    CONSTRAINT ck_agent_action_workspace CHECK (workspace_id IS NOT NULL OR kind = 'EMAIL'),
+    CONSTRAINT ck_agent_action_ended CHECK ((stop_reason IS NULL) = (ended_at IS NULL))
+) WITH (fillfactor = 80);
+CREATE UNIQUE INDEX ux_agent_action_lane_executing ON agent_action (lane_key) WHERE state = 'EXECUTING';
+CREATE INDEX ix_agent_action_subject ON agent_action (subject_account_id) WHERE subject_account_id IS NOT NULL;
+CREATE INDEX ix_agent_action_due ON agent_action (due_at, id) WHERE state = 'ADMITTED';
+CREATE INDEX ix_agent_action_lane_pending ON agent_action (lane_key, id) WHERE state IN ('PROPOSED', 'ADMITTED');
+
+CREATE FUNCTION guard_agent_action() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF TG_OP = 'INSERT' THEN
+        IF NEW.state NOT IN ('PROPOSED', 'ADMITTED') OR NEW.attempt <> 0 OR NEW.epoch <> 0
+           OR NEW.lease_expires_at IS NOT NULL OR NEW.write_started_at IS NOT NULL THEN
+            RAISE EXCEPTION 'agent_action: a new action is PROPOSED or ADMITTED, with no attempt, epoch, lease or write'
+                USING ERRCODE = 'check_violation';
+        END IF;
+        RETURN NEW;
+    END IF;
+    IF OLD.state IN ('DONE', 'UNCERTAIN', 'FAILED', 'CANCELLED') THEN
+        RAISE EXCEPTION 'agent_action %: an ended action never changes', OLD.id USING ERRCODE = 'check_violation';
+    END IF;
+    IF NEW.state = 'EXECUTING' AND (OLD.state <> 'EXECUTING' OR NEW.epoch <> OLD.epoch) THEN
+        -- a claim, or a reclaim after the lease expired
+        IF OLD.state NOT IN ('ADMITTED', 'EXECUTING') THEN
+            RAISE EXCEPTION 'agent_action %: % -> EXECUTING is not an allowed transition', OLD.id, OLD.state
+                USING ERRCODE = 'check_violation';
+        END IF;
+        IF NEW.epoch <> OLD.epoch + 1 OR NEW.attempt <> OLD.attempt + 1 THEN
+            RAISE EXCEPTION 'agent_action %: a claim raises epoch and attempt by exactly one', OLD.id
+                USING ERRCODE = 'check_violation';
+        END IF;
+        IF OLD.state = 'EXECUTING' AND OLD.write_started_at IS NOT NULL AND OLD.kind = 'EMAIL' THEN
+            RAISE EXCEPTION 'agent_action %: % is at most once and its write started', OLD.id, OLD.kind
+                USING ERRCODE = 'check_violation';
+        END IF;
+    ELSIF NEW.state <> OLD.state OR NEW.epoch <> OLD.epoch THEN
+        IF NEW.epoch <> OLD.epoch OR NOT (
+            (OLD.state = 'PROPOSED' AND NEW.state IN ('ADMITTED', 'CANCELLED'))
+            OR (OLD.state = 'ADMITTED' AND NEW.state = 'CANCELLED')
+            OR (OLD.state = 'EXECUTING' AND NEW.state IN ('ADMITTED', 'DONE', 'UNCERTAIN', 'FAILED', 'CANCELLED'))
+        ) THEN
+            RAISE EXCEPTION 'agent_action %: % -> % is not an allowed transition', OLD.id, OLD.state, NEW.state
+                USING ERRCODE = 'check_violation';
+        END IF;
+    END IF;
+    IF NEW.state IN ('DONE', 'UNCERTAIN', 'FAILED', 'CANCELLED') THEN
+        IF NEW.stop_reason IS NULL THEN
+            RAISE EXCEPTION 'agent_action %: ending as % needs a stop_reason', OLD.id, NEW.state
+                USING ERRCODE = 'check_violation';
+        END IF;
+        NEW.ended_at := now();
+        NEW.payload := NULL;
+        NEW.lease_expires_at := NULL;
+    END IF;
+    RETURN NEW;
+END
+$$;
+CREATE TRIGGER guard_agent_action BEFORE INSERT OR UPDATE ON agent_action
+    FOR EACH ROW EXECUTE FUNCTION guard_agent_action();
+"""
+# the rows outbox's benchmark loads (`bench.harness.bulk_admit`): a no-op kind, each action in its own lane
+SPEC_PRELOAD = """
+INSERT INTO agent_action (kind, workspace_id, lane_key, idempotency_key, payload, max_attempts, state)
+SELECT 'TEST_NOOP', 1, 'lane-' || g, 'lane-job-' || g, %(payload)s::jsonb, 5, 'ADMITTED'
+  FROM generate_series(1, %(count)s) AS g
+"""
+# A lane head: an ADMITTED action, due and not expired, with no executing action in its lane and no earlier
+# action of its lane that has not started. Two claimers never take one lane: SKIP LOCKED leaves a head another
+# claim holds, whose lane's later actions still see it unstarted; the unique lane index refuses the rest.
+SPEC_CLAIM = """
+WITH heads AS MATERIALIZED (
+    SELECT a.id FROM agent_action AS a
+     WHERE a.state = 'ADMITTED' AND a.due_at <= now() AND (a.expires_at IS NULL OR a.expires_at > now())
+       AND NOT EXISTS (SELECT 1 FROM agent_action AS x WHERE x.lane_key = a.lane_key AND x.state = 'EXECUTING')
+       AND NOT EXISTS (SELECT 1 FROM agent_action AS p
+                        WHERE p.lane_key = a.lane_key AND p.state IN ('PROPOSED', 'ADMITTED') AND p.id < a.id)
+     ORDER BY a.due_at, a.id
+     LIMIT %s
+     FOR UPDATE SKIP LOCKED
+)
+UPDATE agent_action AS a
+   SET state = 'EXECUTING', epoch = a.epoch + 1, attempt = a.attempt + 1,
+       lease_expires_at = now() + interval '300 s'
+  FROM heads WHERE a.id = heads.id
+RETURNING a.id, a.epoch, a.kind, a.lane_key, a.idempotency_key, a.workspace_id, a.payload, a.attempt,
+          a.max_attempts, a.write_started_at
+"""
+SPEC_FENCE = """
+UPDATE agent_action AS a SET write_started_at = now()
+  FROM unnest(%s::bigint[], %s::bigint[]) AS f (id, epoch)
+ WHERE a.id = f.id AND a.epoch = f.epoch AND a.state = 'EXECUTING'
+   AND a.lease_expires_at >= now() + interval '60 s'
+RETURNING a.id, a.epoch
+"""
+# the guard stamps ended_at and clears the payload and the lease
+SPEC_FINISH = """
+UPDATE agent_action AS a SET state = 'DONE', stop_reason = 'CONFIRMED', readback_ref = 'noop'
+  FROM unnest(%s::bigint[], %s::bigint[]) AS f (id, epoch)
+ WHERE a.id = f.id AND a.epoch = f.epoch AND a.state = 'EXECUTING'
+"""
+
+STATEMENTS = {
+    "minimal": (CLAIM, FENCE, FINISH),
+    "lifecycle": (CLAIM, FENCE, FINISH),
+    "spec-minimal": (SPEC_CLAIM, SPEC_FENCE, SPEC_FINISH),
+}
+
+Result = tuple[int, int, int, float]
+
 
 def create_minimal(url: str, preload: int) -> None:
     with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(CREATE)  # type: ignore[arg-type]
+        conn.execute(CREATE)
         if preload:
-            conn.execute(PRELOAD, {"count": preload})  # type: ignore[arg-type]
+            conn.execute(PRELOAD, {"count": preload})
             conn.execute("VACUUM ANALYZE job")
 
 
-def minimal(url: str, seconds: float | None, insert: bool) -> tuple[int, int, int]:
+def create_spec(url: str, preload: int, payload: str = "{}") -> None:
+    """The spec-minimal table with `preload` ADMITTED actions (each in its own lane) carrying `payload`."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(SPEC_CREATE)
+        conn.execute(SPEC_PRELOAD, {"count": preload, "payload": payload})
+        conn.execute("VACUUM ANALYZE agent_action")
+
+
+def backend_cpu_seconds(pid: int) -> float:
+    """User and system CPU of one server process (`/proc/<pid>/stat`, fields 14 and 15)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def loop(url: str, variant: str, seconds: float | None) -> Result:
+    """claim ─▶ fence (the claimed) ─▶ finish (the fenced), each its own transaction, BATCH at a time."""
+    claim, fence, finish = STATEMENTS[variant]
     done = 0
     with psycopg.connect(url, autocommit=True) as conn:
+        backend = conn.info.backend_pid
+        cpu0 = backend_cpu_seconds(backend)
         start = time.monotonic_ns()
         deadline = start + int((seconds or 1e9) * 1e9)
         while time.monotonic_ns() < deadline:
-            if insert:
+            if variant == "lifecycle":
                 for i in range(BATCH):
-                    conn.execute(INSERT, (f"lane-{done + i}",))  # type: ignore[arg-type]
-            rows = conn.execute(CLAIM, (BATCH,)).fetchall()  # type: ignore[arg-type]
+                    conn.execute(INSERT, (f"lane-{done + i}",))
+            rows = conn.execute(claim, (BATCH,)).fetchall()
             if not rows:
                 break
-            ids, epochs = [r[0] for r in rows], [r[1] for r in rows]
-            conn.execute(FENCE, (ids, epochs))  # type: ignore[arg-type]
-            conn.execute(FINISH, (ids, epochs))  # type: ignore[arg-type]
-            done += len(rows)
-        return done, start, time.monotonic_ns()
+            fenced = conn.execute(fence, ([r[0] for r in rows], [r[1] for r in rows])).fetchall()
+            conn.execute(finish, ([r[0] for r in fenced], [r[1] for r in fenced]))
+            done += len(fenced)
+        end = time.monotonic_ns()
+        return done, start, end, backend_cpu_seconds(backend) - cpu0
 
 
-def schema(url: str) -> tuple[int, int, int]:
-    """outbox's claim and group commit (`ExecutorStore`), fences then results, on its own schema."""
-    return asyncio.run(_schema(url))
+def schema(url: str, claim: TextClause | None = None, commit: TextClause | None = None) -> Result:
+    """outbox's claim and group commit, fences then results, on its own schema; `claim` and `commit` replace
+    outbox's statements (`bench.sql_cost` runs its variants of the schema this way)."""
+    return asyncio.run(_schema(url, claim, commit))
 
 
-async def _schema(url: str) -> tuple[int, int, int]:
+async def _schema(url: str, claim: TextClause | None, commit: TextClause | None) -> Result:
     import bench.kinds  # noqa: F401  (registers the kinds the claimed rows name)
     from outbox.executor.claimed import AttemptReport, FinishWrite
-    from outbox.executor.store import ExecutorStore, Write
+    from outbox.executor.store import ExecutorStore, Write, _write_row, claimed_action
+    from outbox.store.executor import CLAIM_READY_HEADS, COMMIT_WRITES
 
+    claim_sql, commit_sql = claim if claim is not None else CLAIM_READY_HEADS, commit or COMMIT_WRITES
     store = ExecutorStore(url)  # the libpq URL the loops take
+    conn = await store._connection()
+    backend = conn.info.backend_pid
+    cpu0 = backend_cpu_seconds(backend)
+    claim_params: dict[str, Any] = {"limit": BATCH, "lease_seconds": 300, "kinds": ["TEST_NOOP"]}
+    report = AttemptReport("DONE", 0.001, 0.01)
+    finish = FinishWrite("DONE", "CONFIRMED", readback_ref="noop")
     done = 0
     start = time.monotonic_ns()
-    while claimed := await store.claim(BATCH, 300, ["TEST_NOOP"]):
-        await store.commit([Write(a) for a in claimed], 60.0)
-        report = AttemptReport("DONE", 0.001, 0.01)
-        finish = FinishWrite("DONE", "CONFIRMED", readback_ref="noop")
-        await store.commit([Write(a, report, finish) for a in claimed], 60.0)
+    while rows := await store._rows(claim_sql, claim_params):
+        claimed = [claimed_action(row, fresh=True) for row in rows]
+        for writes in ([Write(a) for a in claimed], [Write(a, report, finish) for a in claimed]):
+            encoded = json.dumps([_write_row(write) for write in writes])
+            await store._rows(commit_sql, {"writes": encoded, "window_seconds": 60.0})
         done += len(claimed)
     end = time.monotonic_ns()
+    cpu = backend_cpu_seconds(backend) - cpu0
     await store.close()
-    return done, start, end
+    return done, start, end, cpu
 
 
-def read_result(path: Path) -> tuple[int, int, int]:
-    jobs, start, end = path.read_text().split()
-    return int(jobs), int(start), int(end)
+def write_result(path: Path, result: Result) -> None:
+    path.write_text(" ".join(str(v) for v in result) + "\n")
+
+
+def read_result(path: Path) -> Result:
+    jobs, start, end, cpu = path.read_text().split()
+    return int(jobs), int(start), int(end), float(cpu)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("variant", choices=["minimal", "lifecycle", "schema"])
+    parser.add_argument("variant", choices=[*STATEMENTS, "schema"])
     parser.add_argument("--url", required=True)
     parser.add_argument("--seconds", type=float, default=None)
     parser.add_argument("--out", required=True)
@@ -124,8 +304,8 @@ def main() -> None:
     if args.variant == "schema":
         result = schema(args.url)
     else:
-        result = minimal(args.url, args.seconds, insert=args.variant == "lifecycle")
-    Path(args.out).write_text(" ".join(str(v) for v in result) + "\n")
+        result = loop(args.url, args.variant, args.seconds if args.variant == "lifecycle" else None)
+    write_result(Path(args.out), result)
 
 
 if __name__ == "__main__":
