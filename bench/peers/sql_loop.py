@@ -263,7 +263,8 @@ async def _schema(url: str, claim: TextClause | None, commit: TextClause | None)
     from outbox.executor.store import ExecutorStore, Write, _write_row, claimed_action
     from outbox.store.executor import CLAIM_READY_HEADS, COMMIT_WRITES
 
-    claim_sql, commit_sql = claim if claim is not None else CLAIM_READY_HEADS, commit or COMMIT_WRITES
+    claim_sql = claim if claim is not None else CLAIM_READY_HEADS
+    commit_sql = commit if commit is not None else COMMIT_WRITES
     store = ExecutorStore(url)  # the libpq URL the loops take
     conn = await store._connection()
     backend = conn.info.backend_pid
