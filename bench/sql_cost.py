@@ -16,8 +16,10 @@ tallies (the ended tally trigger and the group commit's tally inserts), the PL/p
 statement stamps what the guard stamps), the guard entered only off the hot transitions (a `WHEN`
 condition), each operator index, the sweep and retention indexes; and with a 500-byte payload (outbox and
 the spec-minimal table). `lean` switches off the lane trigger, the tallies and the operator indexes at once
-and guards through the `WHEN` condition. Nothing here is a schema outbox ships: each variant is a
-measurement on a scratch database.
+(but the due one, which its claim walks) and guards through the `WHEN` condition; `lean-plain` runs the
+spec-minimal loop's own three statements on lean's schema with the shipped guard, so what is left between it
+and `spec-minimal` is outbox's table, and between it and `lean` the group commit. Nothing here is a schema
+outbox ships: each variant is a measurement on a scratch database.
 """
 
 from __future__ import annotations
@@ -55,6 +57,8 @@ OPERATOR_INDEXES = (
     "ix_agent_action_admitted_due",
     "ix_agent_action_uncertain",
 )
+# the operator indexes but ix_agent_action_admitted_due, which a claim by the lane rule walks
+LISTING_INDEXES = tuple(name for name in OPERATOR_INDEXES if name != "ix_agent_action_admitted_due")
 SWEEP_INDEXES = ("ix_agent_action_ended", "ix_agent_action_lease", "ix_agent_action_expires")
 ENDED = "('DONE', 'UNCERTAIN', 'FAILED', 'CANCELLED')"
 
@@ -63,7 +67,8 @@ ENDED = "('DONE', 'UNCERTAIN', 'FAILED', 'CANCELLED')"
 
 
 def claim_by_rule() -> TextClause:
-    """outbox's claim without `agent_lane`: due lane heads by the rule, on `agent_action` alone."""
+    """outbox's claim without `agent_lane`: due lane heads by the rule, on `agent_action` alone, in the order
+    of ix_agent_action_admitted_due."""
     from outbox.store.executor import CLAIMED_COLUMNS
 
     return text(f"""
@@ -74,7 +79,7 @@ WITH heads AS MATERIALIZED (
        AND NOT EXISTS (SELECT 1 FROM agent_action AS x WHERE x.lane_key = a.lane_key AND x.state = 'EXECUTING')
        AND NOT EXISTS (SELECT 1 FROM agent_action AS p
                         WHERE p.lane_key = a.lane_key AND p.state IN ('PROPOSED', 'ADMITTED') AND p.id < a.id)
-     ORDER BY a.due_at, a.id
+     ORDER BY a.due_at
      LIMIT :limit
      FOR UPDATE SKIP LOCKED
 )
@@ -145,6 +150,7 @@ class Variant:
 
     name: str
     what: str
+    # minimal, spec-minimal: sql_loop's own; schema: outbox's statements; plain: the spec-minimal statements
     loop: str = "schema"
     ddl: str = ""
     payload: str = "{}"
@@ -163,6 +169,13 @@ class Variant:
 def drop_indexes(*names: str) -> str:
     return "".join(f"DROP INDEX {name};\n" for name in names)
 
+
+# the spec-minimal loop's statements, on outbox's schema: its due index is (due_at) alone
+PLAIN = (
+    sql_loop.SPEC_CLAIM.replace("ORDER BY a.due_at, a.id", "ORDER BY a.due_at"),
+    sql_loop.SPEC_FENCE,
+    sql_loop.SPEC_FINISH,
+)
 
 VARIANTS = [
     Variant("bare", "a bare table, no trigger (sql_loop minimal)", loop="minimal"),
@@ -200,12 +213,20 @@ VARIANTS = [
     Variant("no-sweep-indexes", "without the ended, lease and expiry indexes", ddl=drop_indexes(*SWEEP_INDEXES)),
     Variant(
         "lean",
-        "no lane trigger, no tallies, no operator indexes, the guard behind its WHEN condition",
-        ddl=NO_LANE + NO_TALLIES + drop_indexes(*OPERATOR_INDEXES) + GUARD_WHEN,
+        "no lane trigger, no tallies, no operator indexes but the due one, the guard behind its WHEN condition",
+        ddl=NO_LANE + NO_TALLIES + drop_indexes(*LISTING_INDEXES) + GUARD_WHEN,
         rule_claim=True,
         commit=(commit_without_lane_locks, commit_without_tallies, commit_stamping_ends),
     ),
 ]
+VARIANTS.append(
+    Variant(
+        "lean-plain",
+        "lean's schema with the shipped guard, and the spec-minimal loop's claim, fence and result statements",
+        loop="plain",
+        ddl=NO_LANE + NO_TALLIES + drop_indexes(*LISTING_INDEXES),
+    )
+)
 BY_NAME = {v.name: v for v in VARIANTS}
 
 
@@ -460,6 +481,8 @@ def loop(args: argparse.Namespace) -> None:
     if variant.loop == "schema":
         claim, commit = variant.statements()
         result = sql_loop.schema(args.url, claim, commit)
+    elif variant.loop == "plain":
+        result = sql_loop.loop(args.url, "spec-minimal", None, PLAIN)
     else:
         result = sql_loop.loop(args.url, variant.loop, None)
     sql_loop.write_result(Path(args.out), result)

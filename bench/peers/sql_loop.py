@@ -228,9 +228,10 @@ def backend_cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def loop(url: str, variant: str, seconds: float | None) -> Result:
-    """claim ─▶ fence (the claimed) ─▶ finish (the fenced), each its own transaction, BATCH at a time."""
-    claim, fence, finish = STATEMENTS[variant]
+def loop(url: str, variant: str, seconds: float | None, statements: tuple[str, str, str] | None = None) -> Result:
+    """claim ─▶ fence (the claimed) ─▶ finish (the fenced), each its own transaction, BATCH at a time;
+    `statements` replace the variant's (`bench.sql_cost` runs plain statements on outbox's schema this way)."""
+    claim, fence, finish = statements or STATEMENTS[variant]
     done = 0
     with psycopg.connect(url, autocommit=True) as conn:
         backend = conn.info.backend_pid
