@@ -503,6 +503,14 @@ def main() -> None:
         flush=True,
     )
     results: dict[str, Any] = {"versions": versions(), "server": db.version, "args": sys.argv[1:]}
+    loads: list[tuple[str, str]] = []
+
+    def note_load(moment: str) -> None:
+        """The load average (1, 5, 15 min) now: the machine may be shared."""
+        loads.append((moment, " ".join(f"{v:.2f}" for v in os.getloadavg())))
+        print(f"  load average {moment}: {loads[-1][1]}", flush=True)
+
+    note_load("at the start")
 
     burn: dict[str, list[Drain]] = defaultdict(list)
     if "burn" not in args.skip:
@@ -515,6 +523,8 @@ def main() -> None:
                 print(
                     f"  burn-down {system.name:13} round {rnd + 1}: {run.rate:8,.0f} jobs/s {describe(run)}", flush=True
                 )
+    if "burn" not in args.skip:
+        note_load("after the burn-down")
     results["burn"] = {k: [asdict(r) for r in v] for k, v in burn.items()}
 
     sweep: dict[str, dict[int, float]] = defaultdict(dict)
@@ -531,6 +541,8 @@ def main() -> None:
         for name, runs in burn.items():
             if name in sweep:
                 sweep[name][2] = statistics.median(r.rate for r in runs)
+    if "sweep" not in args.skip:
+        note_load("after the sweep")
     results["sweep"] = sweep
 
     steady: dict[str, list[Steady]] = {}
@@ -538,6 +550,8 @@ def main() -> None:
         # from half the burn-down rate, at most 1,000/s: a Python producer here makes about 1,000 commits/s
         starts = {s.name: min(0.5 * statistics.median(r.rate for r in burn[s.name]), 1000.0) for s in SYSTEMS}
         steady = step_search(db, starts, args.step_seconds, args.max_steps)
+    if "steady" not in args.skip:
+        note_load("after the steady state")
     results["steady"] = {k: [{**asdict(s), "latencies_ms": None} for s in v] for k, v in steady.items()}
 
     latency: dict[str, list[float]] = {}
@@ -551,6 +565,8 @@ def main() -> None:
                 f" p99 {quantile(lat, 99):6.1f} ms ({len(lat)} jobs)",
                 flush=True,
             )
+    if "latency" not in args.skip:
+        note_load("after the pickup")
     results["latency"] = {k: {str(q): quantile(v, q) for q in (50, 95, 99)} for k, v in latency.items()}
 
     lanes: dict[str, Drain] = {}
@@ -567,6 +583,8 @@ def main() -> None:
                 f" {run.order_violations}, overlaps {run.overlaps}",
                 flush=True,
             )
+    if "lanes" not in args.skip:
+        note_load("after the lanes")
     results["lanes"] = {k: asdict(v) for k, v in lanes.items()}
 
     loops: dict[str, list[Loop]] = defaultdict(list)
@@ -586,11 +604,15 @@ def main() -> None:
         limit["pgbench_c2"] = pgbench(db, 2, 15)
         limit["pgbench_c8"] = pgbench(db, 8, 15)
         print("  limit " + ", ".join(f"{k} {v:,.0f}/s" for k, v in limit.items()), flush=True)
+    if "limit" not in args.skip:
+        note_load("after the limit")
     results["limit"] = limit
     results["loops"] = {k: [asdict(r) for r in v] for k, v in loops.items()}
 
+    results["load"] = loads
     (WORK / "results.json").write_text(json.dumps(results, indent=1, default=str))
     table = report(burn, steady, latency, lanes, limit, loops)
+    table += "\n\nload average (1, 5, 15 min): " + "; ".join(f"{moment} {load}" for moment, load in loads)
     print(table)
     args.markdown.write_text(table + "\n")
     plot(sweep, latency, args.plots)
