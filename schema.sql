@@ -1,4 +1,4 @@
--- outbox's schema at revision 0011, as PostgreSQL 18 dumps it. Generated from the migrations
+-- outbox's schema at revision 0012, as PostgreSQL 18 dumps it. Generated from the migrations
 -- by `python -m tests.schema_dump`; do not edit: the revisions in migrations/versions/ are the source.
 
 --
@@ -620,7 +620,13 @@ CREATE UNIQUE INDEX ux_agent_action_lane_executing ON public.agent_action USING 
 -- Name: agent_action guard_agent_action; Type: TRIGGER; Schema: public; Owner: -
 --
 
-CREATE TRIGGER guard_agent_action BEFORE INSERT OR UPDATE ON public.agent_action FOR EACH ROW EXECUTE FUNCTION public.guard_agent_action();
+CREATE TRIGGER guard_agent_action BEFORE UPDATE ON public.agent_action FOR EACH ROW WHEN ((((new.id = old.id) AND (new.kind = old.kind) AND (new.lane_key = old.lane_key) AND (new.idempotency_key = old.idempotency_key) AND (((new.state = 'EXECUTING'::text) AND ((old.state = 'ADMITTED'::text) OR ((old.state = 'EXECUTING'::text) AND (old.write_started_at IS NULL))) AND (new.epoch = (old.epoch + 1)) AND (new.attempt = (old.attempt + 1)) AND (new.lease_expires_at IS NOT NULL)) OR ((new.state = old.state) AND (old.state = ANY (ARRAY['PROPOSED'::text, 'ADMITTED'::text, 'EXECUTING'::text])) AND (new.epoch = old.epoch) AND (new.attempt = old.attempt) AND ((new.state = 'EXECUTING'::text) OR (new.lease_expires_at IS NULL))) OR ((old.state = 'EXECUTING'::text) AND (new.state = 'ADMITTED'::text) AND (new.epoch = old.epoch) AND ((new.attempt = old.attempt) OR (new.attempt = (old.attempt - 1))) AND (new.lease_expires_at IS NULL)) OR ((old.state = 'EXECUTING'::text) AND (new.state = ANY (ARRAY['DONE'::text, 'FAILED'::text, 'UNCERTAIN'::text, 'CANCELLED'::text])) AND (new.epoch = old.epoch) AND (new.attempt = old.attempt) AND (new.stop_reason IS NOT NULL) AND (new.ended_at = now()) AND (new.payload IS NULL) AND (new.lease_expires_at IS NULL)))) IS NOT TRUE)) EXECUTE FUNCTION public.guard_agent_action();
+
+--
+-- Name: agent_action guard_agent_action_insert; Type: TRIGGER; Schema: public; Owner: -
+--
+
+CREATE TRIGGER guard_agent_action_insert BEFORE INSERT ON public.agent_action FOR EACH ROW EXECUTE FUNCTION public.guard_agent_action();
 
 --
 -- Name: agent_action tally_agent_action_ended; Type: TRIGGER; Schema: public; Owner: -

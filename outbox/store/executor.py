@@ -118,6 +118,8 @@ RETURNING a.id, a.kind, a.trace
 #   finish: the result's values. `fence`: keep, clear, or restore the value the attempt found at its claim
 #           (a deferral writes nothing, so an earlier write stays known). `last_error`: the result's reason;
 #           a result without one keeps the earlier reason, DONE clears it.
+#           The row values the guard stamps on an end (ended_at, no payload) and on any result (no lease)
+#           are written here, so its trigger's WHEN condition lets the row through without entering PL/pgSQL.
 #   both:   `trace`, the attempt's whole trace (what its claim found and what it noted) when it noted
 #           something; null keeps the stored one.
 # Each write comes back with its outcome: written; held (its row, or for a result its lane's row, is locked
@@ -172,7 +174,10 @@ WITH w AS MATERIALIZED (
            attempt = a.attempt - f.uncount,
            write_started_at = CASE f.fence WHEN 'clear' THEN NULL WHEN 'restore' THEN f.prior_write
                                            ELSE a.write_started_at END,
-           trace = coalesce(f.trace, a.trace)
+           trace = coalesce(f.trace, a.trace),
+           ended_at = CASE WHEN f.state IN ('DONE', 'FAILED', 'UNCERTAIN', 'CANCELLED') THEN now() ELSE a.ended_at END,
+           payload = CASE WHEN f.state IN ('DONE', 'FAILED', 'UNCERTAIN', 'CANCELLED') THEN NULL ELSE a.payload END,
+           lease_expires_at = NULL
       FROM {_WRITES.format(alias="f")}
      WHERE a.id = f.id
        AND f.id = ANY (ARRAY(SELECT id FROM current
