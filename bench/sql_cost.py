@@ -7,7 +7,7 @@
          ─▶ jobs/s, the two backends' CPU per action, the whole server's CPU per action, HOT updates,
             statement and function times per action
 
-    .venv/bin/python -m bench.sql_cost [--jobs 20000] [--rounds 3] [--variants ...] [--markdown FILE]
+    .venv/bin/python -m bench.sql_cost [--jobs 20000] [--rounds 3] [--variants ...] [--markdown FILE] [--work DIR]
 
 The variants: `bare` and `spec-minimal` (the loops of `bench.peers.sql_loop`), `outbox` (its schema and its
 executor's statements, as shipped), and outbox with one design element switched off each: the lane trigger
@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import shutil
 import statistics
@@ -43,6 +44,7 @@ from sqlalchemy import TextClause, text
 
 from bench.peers import ROOT, base_env, python, sql_loop
 
+# the private server, the loops' files and results.json (`--work`: a server of its own for each folder)
 WORK = ROOT / ".outbox" / "sql-cost"
 # a payload the size of an email notice's event
 WIDE_PAYLOAD = json.dumps({"notice": "workspace_alert", "event": {"summary": "x" * 440, "workspace": 1}})
@@ -325,14 +327,14 @@ def label(query: str) -> str:
     return "result"
 
 
-def measure(admin: str, postmaster: psutil.Process, variant: Variant, jobs: int, rnd: int) -> Run:
-    name = "sql_cost"
+def measure(admin: str, postmaster: psutil.Process, variant: Variant, jobs: int, rnd: int, work: Path) -> Run:
+    name = f"sql_cost_{os.getpid()}"
     with psycopg.connect(admin, autocommit=True) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'.encode())
         conn.execute(f'CREATE DATABASE "{name}"'.encode())
     url = database_url(admin, name)
     prepare(url, variant, jobs)
-    run_dir = WORK / f"{variant.name}-{rnd}"
+    run_dir = work / f"{variant.name}-{rnd}"
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.mkdir(parents=True)
     outs = [run_dir / f"out-{i}" for i in range(2)]
@@ -444,8 +446,8 @@ def run(args: argparse.Namespace) -> None:
     unknown = [n for n in names if n not in BY_NAME]
     if unknown:
         raise SystemExit(f"unknown variants: {', '.join(unknown)} (known: {', '.join(BY_NAME)})")
-    WORK.mkdir(parents=True, exist_ok=True)
-    admin, handle = server(WORK / "pg")
+    args.work.mkdir(parents=True, exist_ok=True)
+    admin, handle = server(args.work / "pg")
     with psycopg.connect(admin, autocommit=True) as conn:
         backend = conn.info.backend_pid
         version = conn.execute("SHOW server_version").fetchone()
@@ -456,7 +458,7 @@ def run(args: argparse.Namespace) -> None:
     for rnd in range(args.rounds):
         order = names[rnd % len(names) :] + names[: rnd % len(names)]
         for name in order:
-            result = measure(admin, postmaster, BY_NAME[name], args.jobs, rnd)
+            result = measure(admin, postmaster, BY_NAME[name], args.jobs, rnd, args.work)
             runs[name].append(result)
             print(
                 f"  {name:28} round {rnd + 1}: {result.rate:8,.0f} jobs/s, backend {result.backend_us:6.1f} µs,"
@@ -465,7 +467,7 @@ def run(args: argparse.Namespace) -> None:
             )
         load.append(" ".join(load_average_fields()))
     handle.cleanup()
-    (WORK / "results.json").write_text(json.dumps({k: [asdict(r) for r in v] for k, v in runs.items()}, indent=1))
+    (args.work / "results.json").write_text(json.dumps({k: [asdict(r) for r in v] for k, v in runs.items()}, indent=1))
     table = report(runs, load)
     print(table)
     if args.markdown:
@@ -497,6 +499,7 @@ def main() -> None:
         p.add_argument("--rounds", type=int, default=3)
         p.add_argument("--variants", nargs="*", default=None, help="names (default: all)")
         p.add_argument("--markdown", type=Path, default=None)
+        p.add_argument("--work", type=Path, default=WORK, help="folder of the private server and the results")
     one = sub.add_parser("loop", help="one loop process (the measurement starts two)")
     one.add_argument("variant", choices=list(BY_NAME))
     one.add_argument("--url", required=True)
