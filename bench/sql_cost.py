@@ -112,7 +112,10 @@ def commit_without_tallies(sql: str) -> str:
 
 
 def commit_stamping_ends(sql: str) -> str:
-    """The result sets what the guard would set on an end: ended_at, and no payload and no lease."""
+    """The result sets what the guard would set on an end: ended_at, and no payload and no lease (from
+    revision 0012 on, the group commit does so itself)."""
+    if re.search(r"ended_at = CASE WHEN f\.state", sql):
+        return sql
     stamp = (
         f"SET state = f.state,\n           ended_at = CASE WHEN f.state IN {ENDED} THEN now() END,\n"
         f"           payload = CASE WHEN f.state IN {ENDED} THEN NULL ELSE a.payload END,\n"
@@ -124,6 +127,7 @@ def commit_stamping_ends(sql: str) -> str:
 # the guard entered only off the hot transitions: a claim, a fence, a DONE result that stamped its end
 GUARD_WHEN = """
 DROP TRIGGER guard_agent_action ON agent_action;
+DROP TRIGGER IF EXISTS guard_agent_action_insert ON agent_action;
 CREATE TRIGGER guard_agent_action_insert BEFORE INSERT ON agent_action
     FOR EACH ROW EXECUTE FUNCTION guard_agent_action();
 CREATE TRIGGER guard_agent_action BEFORE UPDATE ON agent_action FOR EACH ROW
@@ -201,7 +205,8 @@ VARIANTS = [
     Variant(
         "no-guard",
         "no guard trigger; the result stamps ended_at and clears payload and lease",
-        ddl="DROP TRIGGER guard_agent_action ON agent_action;",
+        ddl="DROP TRIGGER guard_agent_action ON agent_action;\n"
+        "DROP TRIGGER IF EXISTS guard_agent_action_insert ON agent_action;",
         commit=(commit_stamping_ends,),
     ),
     Variant(
