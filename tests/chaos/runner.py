@@ -952,6 +952,7 @@ class Chaos:
             if self.pooler is not None:
                 report.postgres += f", executors through PgBouncer ({config.pooler} pooling)"
             self.log(f"chaos: seed {config.seed}, {config.minutes} min of faults, work dir {self.work_dir}")
+            self._first_beats()
             self._fault_phase()
             report.settle_seconds = self._settle()
             report.stop_codes = self._stop_executors()
@@ -974,6 +975,18 @@ class Chaos:
                 partition.noticed_after = noticed - partition.wall_at
 
     NOTICE_REACH_SECONDS = 30.0
+
+    FIRST_BEAT_SECONDS = 120.0
+
+    def _first_beats(self) -> None:
+        """Wait until every executor beat once: a loaded machine's slow start-up takes none of the minutes of
+        faults (a fault needs executors that beat, so a short run would otherwise miss some kinds)."""
+        deadline = self.now() + self.FIRST_BEAT_SECONDS
+        while self.now() < deadline and any(s.beat_at is None for s in self.slots):
+            self._run_events()
+            retrying("watch", self.watch, self.errors)
+            retrying("track", self.track_recoveries, self.errors)
+            time.sleep(0.1)
 
     def _fault_phase(self) -> None:
         config = self.config
