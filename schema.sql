@@ -1,4 +1,4 @@
--- outbox's schema at revision 0012, as PostgreSQL 18 dumps it. Generated from the migrations
+-- outbox's schema at revision 0013, as PostgreSQL 18 dumps it. Generated from the migrations
 -- by `python -m tests.schema_dump`; do not edit: the revisions in migrations/versions/ are the source.
 
 --
@@ -331,7 +331,7 @@ CASE state
 END),
     CONSTRAINT ck_agent_action_trace CHECK (((jsonb_typeof(trace) = 'object'::text) AND (char_length((trace)::text) <= 500)))
 )
-WITH (fillfactor='80', autovacuum_vacuum_scale_factor='0.02', autovacuum_analyze_scale_factor='0.02');
+WITH (autovacuum_vacuum_scale_factor='0.02', autovacuum_analyze_scale_factor='0.02', fillfactor='60');
 
 --
 -- Name: agent_action_attempt_tally; Type: TABLE; Schema: public; Owner: -
@@ -579,12 +579,6 @@ CREATE INDEX ix_agent_action_expires ON public.agent_action USING btree (expires
 --
 
 CREATE INDEX ix_agent_action_lane_pending ON public.agent_action USING btree (lane_key, id) WHERE (state = ANY (ARRAY['PROPOSED'::text, 'ADMITTED'::text]));
-
---
--- Name: ix_agent_action_lease; Type: INDEX; Schema: public; Owner: -
---
-
-CREATE INDEX ix_agent_action_lease ON public.agent_action USING btree (lease_expires_at) WHERE (state = 'EXECUTING'::text);
 
 --
 -- Name: ix_agent_action_state_created; Type: INDEX; Schema: public; Owner: -
