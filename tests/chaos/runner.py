@@ -760,9 +760,25 @@ class Chaos:
             self._write_brink_keys()
 
     def _armed(self, kind: str) -> bool:
-        """A brink of `kind` waits for its provider to accept (for a minute at most): its provider's faults
-        wait too, so the brink is the effect accepted, not a fault's retry."""
-        return any(k == kind and self.now() - at < 60 for k, at in self.brink_keys.values())
+        """A brink of `kind` waits for its provider to accept (for a minute at most), then for the next claim
+        once the lease expired (until its action ended, a minute at most): its provider's faults wait too, so
+        the brink shows the effect found, not a fault's retry (WEBHOOK's second retry waits 5 min)."""
+        now, lease = self.now(), self.config.lease_seconds
+        if any(k == kind and now - at < 60 for k, at in self.brink_keys.values()):
+            return True
+        reclaims = [
+            b.action_id
+            for b in self.brinks
+            if b.kind == kind and b.action_id is not None and b.since + lease - 10 <= now <= b.since + lease + 60
+        ]
+        if not reclaims:
+            return False
+        with self.engine.connect() as conn:
+            ended = conn.execute(
+                text("SELECT count(*) FROM agent_action WHERE id = ANY (:ids) AND ended_at IS NOT NULL"),
+                {"ids": reclaims},
+            ).scalar_one()
+        return int(ended) < len(reclaims)
 
     def brink_email(self) -> bool:
         if self.brink_accounts_used == self.BRINK_ACCOUNTS:
