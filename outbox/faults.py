@@ -5,8 +5,10 @@
                                       hands the attempt back without counting it, the claim loop and the
                                       group commit try again; a bug or bad data is not one
              ─▶ ended_by_the_server?  the narrower case of a server that accepted the session and ended it
-                                      (terminated, crashed, shutting down, or the connection lost
-                                      mid-statement): a command starting against it asks again
+                                      (terminated, crashed, shutting down, the connection lost
+                                      mid-statement, or closed by the server right after it was accepted,
+                                      as a restarting server does): a command starting against it asks
+                                      again
 
 Both take what SQLAlchemy raises (a DBAPIError wrapping the driver's error, a pool timeout) and what
 psycopg raises on a connection of its own.
@@ -31,6 +33,9 @@ _OWN_FAULTS: tuple[type[Exception], ...] = (
 # SQLSTATEs of a server that ended this session: admin_shutdown (a terminated backend), crash_shutdown,
 # cannot_connect_now (starting up or shutting down)
 _ENDED_BY_THE_SERVER = {"57P01", "57P02", "57P03"}
+# what libpq says of a connection the server accepted and closed before it answered the startup (a server
+# restarting, or a proxy in front of one); a refused connection or one never answered says otherwise
+_CLOSED_AT_CONNECT = ("server closed the connection unexpectedly", "Connection reset by peer")
 
 
 def own_database_fault(error: BaseException) -> bool:
@@ -43,6 +48,10 @@ def own_database_fault(error: BaseException) -> bool:
 
 
 def ended_by_the_server(error: DBAPIError) -> bool:
-    """The server ended the session: its SQLSTATE says so, or the connection was lost mid-statement."""
+    """The server ended the session: its SQLSTATE says so, the connection was lost mid-statement, or the
+    server closed it as soon as it was accepted."""
     lost_mid_statement = error.connection_invalidated and error.statement is not None
-    return lost_mid_statement or getattr(error.orig, "sqlstate", None) in _ENDED_BY_THE_SERVER
+    closed_at_connect = isinstance(error.orig, psycopg.OperationalError) and any(
+        words in str(error.orig) for words in _CLOSED_AT_CONNECT
+    )
+    return lost_mid_statement or closed_at_connect or getattr(error.orig, "sqlstate", None) in _ENDED_BY_THE_SERVER

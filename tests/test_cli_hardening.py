@@ -193,12 +193,14 @@ class TerminatingProxy:
     """A TCP relay on 127.0.0.1 to the test server that, on each of its first `terminations` connections,
     holds the client's first query and has the server terminate that backend (pg_terminate_backend): the
     client then meets the server's own `terminating connection due to administrator command`, as when an
-    operator or a failover ends its session. Later connections are relayed as they are."""
+    operator or a failover ends its session. With `hang_ups`, its first connections are closed as soon as they
+    are accepted, before any byte, as a restarting server's are. Later connections are relayed as they are."""
 
-    def __init__(self, server_url: str, admin_engine: Engine, terminations: int) -> None:
+    def __init__(self, server_url: str, admin_engine: Engine, terminations: int, hang_ups: int = 0) -> None:
         self._server_url = make_url(server_url)
         self._admin = admin_engine
         self._left = terminations
+        self._hang_ups = hang_ups
         self.terminated = 0
         self._listener = socket.create_server(("127.0.0.1", 0), backlog=16)
         self.port: int = self._listener.getsockname()[1]
@@ -222,6 +224,10 @@ class TerminatingProxy:
                 client, _ = self._listener.accept()
             except OSError:  # closed
                 return
+            if self._hang_ups > 0:
+                self._hang_ups -= 1
+                client.close()
+                continue
             terminate = self._left > 0
             self._left -= terminate
             threading.Thread(target=self._relay, args=(client, terminate), daemon=True).start()
@@ -648,6 +654,21 @@ def test_run_asks_again_when_the_database_ends_its_first_sessions(
     assert ran.code == 0, ran
     waits = [line for line in ran.err.splitlines() if "the database ended the session" in line]
     assert len(waits) == 1 and "terminating connection due to administrator command" in waits[0], ran.err
+
+
+def test_run_asks_again_when_the_server_closes_its_first_connections_as_it_accepts_them(
+    admin_engine: Engine, server_url: str, migrated_url: str
+) -> None:
+    """A server restarting accepts a connection and closes it before it answers: `outbox run` starting then
+    asks again instead of exiting."""
+    proxy = TerminatingProxy(server_url, admin_engine, terminations=0, hang_ups=2)
+    try:
+        ran = outbox("run", "--max-seconds", "0", url=proxy.url(migrated_url))
+    finally:
+        proxy.stop()
+    assert ran.code == 0, ran
+    waits = [line for line in ran.err.splitlines() if "the database ended the session" in line]
+    assert len(waits) == 1 and "server closed the connection unexpectedly" in waits[0], ran.err
 
 
 def test_run_gives_up_on_a_database_that_ends_every_session_after_a_minute(

@@ -185,11 +185,12 @@ def engine(database: Database, **options: Any) -> Engine:
 def migrated_engine(database: Database, *, ask_seconds: float = 0.0, **options: Any) -> Engine:
     """An engine on a database that holds the outbox schema (checked now). When the server accepted the
     connection and then ended it before the check was done (terminated, crashed or shutting down: SQLSTATE
-    57P01, 57P02, 57P03, or the connection lost mid-statement, as a pooler that refuses logins for a while
-    does), the check is asked again on a new connection until the connect timeout or `ask_seconds` has
-    passed, whichever is longer: a long-running command started as its database fails over or restarts
-    waits for it. A connection that cannot be opened (refused, no answer, a wrong password) and a database
-    without the schema raise at once."""
+    57P01, 57P02, 57P03; the connection lost mid-statement, as a pooler that refuses logins for a while
+    does; or closed as soon as it was accepted, as a restarting server does), the check is asked again on a
+    new connection until the connect timeout or `ask_seconds` has passed, whichever is longer: a
+    long-running command started as its database fails over or restarts waits for it. A connection that
+    cannot be opened (refused, no answer, a wrong password) and a database without the schema raise at
+    once."""
     checked = engine(database, **options)
     seconds = max(database.connect_timeout, ask_seconds)
     deadline = time.monotonic() + seconds

@@ -27,6 +27,8 @@ MAX_LEASE_SECONDS = 86_400
 START_ASK_SECONDS = 60.0
 
 if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
     from rich.table import Table
 
     from outbox.executor import ExecutorConfig
@@ -124,7 +126,7 @@ async def _run(
     try:
         adapters = list(factory(engine))
         executor = Executor(engine, adapters, config, listen_url=listen_url)
-        await require_declared(engine, (adapter.kind for adapter in adapters))
+        await _asking_again(lambda: require_declared(engine, (adapter.kind for adapter in adapters)))
         logging.getLogger("outbox.run").info("%s", start_line(executor.kinds, shown_database(db.url), config))
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
@@ -132,6 +134,27 @@ async def _run(
         return await executor.run(max_actions=max_actions, max_seconds=max_seconds)
     finally:
         await engine.dispose()
+
+
+async def _asking_again(check: Callable[[], Awaitable[None]]) -> None:
+    """Run the start-up's check of the kinds, asking again for START_ASK_SECONDS while the database ends
+    its sessions (a restart or a terminated backend between the schema check and this one)."""
+    import asyncio
+    import logging
+
+    from sqlalchemy.exc import DBAPIError
+
+    from outbox.faults import ended_by_the_server
+
+    deadline = asyncio.get_running_loop().time() + START_ASK_SECONDS
+    while True:
+        try:
+            return await check()
+        except DBAPIError as error:
+            if not ended_by_the_server(error) or asyncio.get_running_loop().time() >= deadline:
+                raise
+            logging.getLogger("outbox.run").warning("the database ended the session; asking again")
+            await asyncio.sleep(0.5)
 
 
 def summary_table(outcomes: Outcomes) -> Table:
