@@ -673,13 +673,16 @@ def report(
     rows.append(
         ("lanes 200x250, serial per key (jobs/s)", {n: lanes[n].rate if n in lanes else None for n in names}, True, 0)
     )
-    rows.append(("peak RSS of one worker (MiB)", {n: med(n, lambda r: r.peak_rss / 2**20) for n in names}, False, 0))
-    rows.append(
-        ("worker CPU s per 1,000 jobs", {n: med(n, lambda r: r.worker_cpu / r.done * 1000) for n in names}, False, 3)
-    )
-    rows.append(
-        ("PostgreSQL CPU s per 1,000 jobs", {n: med(n, lambda r: r.db_cpu / r.done * 1000) for n in names}, False, 3)
-    )
+    costs: list[tuple[str, Any, int]] = [
+        ("peak RSS of one worker (MiB)", lambda r: r.peak_rss / 2**20, 0),
+        ("worker CPU s per 1,000 jobs", lambda r: r.worker_cpu / r.done * 1000, 3),
+        ("PostgreSQL CPU s per 1,000 jobs", lambda r: r.db_cpu / r.done * 1000, 3),
+    ]
+    for label, get, digits in costs:
+        rows.append((label, {n: med(n, get) for n in names}, False, digits))
+        if DEFAULTS.name in burn:
+            at_defaults = {**{p: med(p, get) for p in peers}, "outbox": med(DEFAULTS.name, get)}
+            rows.append((f"{label}, outbox at its defaults", at_defaults, False, digits))
     header = "| figure | " + " | ".join(names) + " | " + " | ".join(f"outbox/{p}" for p in peers) + " |"
     lines = [header, "|" + " --- |" * (1 + len(names) + len(peers))]
     for label, values, _higher, digits in rows:
