@@ -413,6 +413,20 @@ async def test_an_unclear_answer_at_the_last_attempt_is_uncertain(
     assert (found["state"], found["stop_reason"]) == (expected, reason)
 
 
+async def test_at_the_last_attempt_an_earlier_lost_answer_makes_a_refusal_uncertain_not_failed(
+    app: Engine, aengine: AsyncEngine, billing: Receiver, adapters: Callable[..., WebhookAdapter]
+) -> None:
+    """The first attempt's webhook was kept and its answer lost; the last attempt meets a 500: FAILED would
+    say the receiver holds nothing, so it ends UNCERTAIN, and the trace says an answer was lost."""
+    billing.script.extend(["kept-reset", "500"])
+    action_id = enqueue(app, max_attempts=2)
+    await drain(aengine, [adapters(request_seconds=0.5)])
+    found = row(app, action_id)
+    assert (found["state"], found["stop_reason"], found["attempt"]) == ("UNCERTAIN", "PROVIDER_UNCERTAIN", 2)
+    assert found["trace"]["answer_lost"] is True and "an earlier attempt's answer was lost" in found["last_error"]
+    assert len(billing.effects) == 1
+
+
 # -- once, whatever happens
 
 

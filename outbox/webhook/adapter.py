@@ -26,6 +26,10 @@ webhooks do, every answer but 2xx is retried (a redirect is never followed; it c
 |                                                              | PROVIDER_UNCERTAIN (Failed would claim the    |
 |                                                              | receiver holds nothing)                       |
 
+An attempt whose answer was lost after the request was sent notes `answer_lost` in the trace: at the last
+attempt, any answer that would be a Retry (nothing sent this time, a 5xx) ends Uncertain PROVIDER_UNCERTAIN
+instead of FAILED, since the receiver may hold the earlier delivery.
+
 Results carry status codes and stage names only (connect, tls, send, response, body), never the URL's
 query, the body or the response's text: the executor keeps each reason as the action's last_error.
 """
@@ -54,6 +58,8 @@ from outbox.webhook.events import UnknownEvent, event_of
 from outbox.webhook.kind import WEBHOOK
 from outbox.webhook.message import InvalidBody, SignedRequest, body, signed, webhook_id
 
+# what a Retry's reason says when the request went out and its answer was lost: the receiver may hold it
+SENT_UNANSWERED = "after the request was sent"
 # the longest a request may take, unless the write window ends sooner
 REQUEST_SECONDS = 15.0
 # the most of a response's body read
@@ -127,7 +133,13 @@ class WebhookAdapter:
         except InvalidBody as invalid:
             return Failed(f"compose: {invalid}")
         window = await attempt.fence().begin_write()
-        return await self._post(window, endpoint, request, last=action.attempt >= action.max_attempts)
+        last = action.attempt >= action.max_attempts
+        result = await self._post(window, endpoint, request, last=last)
+        if isinstance(result, Retry) and SENT_UNANSWERED in result.reason:
+            attempt.note(answer_lost=True)  # the receiver may hold it from now on
+        if last and isinstance(result, Retry) and attempt.trace.get("answer_lost"):
+            return Uncertain(f"{result.reason}; an earlier attempt's answer was lost, so the receiver may hold it")
+        return result
 
     async def _post(
         self, window: WriteWindow, endpoint: WebhookEndpoint, request: SignedRequest, *, last: bool
@@ -170,7 +182,7 @@ def _unanswered(stage: str, error: str, last: bool) -> Result:
         return Retry(f"{stage}: {error}; nothing was sent")
     if last:
         return Uncertain(f"{stage}: {error} after the request was sent, at the last attempt")
-    return Retry(f"{stage}: {error} after the request was sent; the next attempt sends the same webhook-id")
+    return Retry(f"{stage}: {error} {SENT_UNANSWERED}; the next attempt sends the same webhook-id")
 
 
 def classify(status: int, retry_after: str | None, answer: bytes, msg_id: str) -> Result:
