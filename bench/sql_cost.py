@@ -173,7 +173,7 @@ class Variant:
 
 
 def drop_indexes(*names: str) -> str:
-    return "".join(f"DROP INDEX {name};\n" for name in names)
+    return "".join(f"DROP INDEX IF EXISTS {name};\n" for name in names)
 
 
 # the spec-minimal loop's statements, on outbox's schema: its due index is (due_at) alone
@@ -217,7 +217,11 @@ VARIANTS = [
     ),
     Variant("no-operator-indexes", "without the four operator indexes", ddl=drop_indexes(*OPERATOR_INDEXES)),
     *(Variant(f"no-{name}", f"without {name}", ddl=drop_indexes(name)) for name in OPERATOR_INDEXES),
-    Variant("no-sweep-indexes", "without the ended, lease and expiry indexes", ddl=drop_indexes(*SWEEP_INDEXES)),
+    Variant(
+        "no-sweep-indexes",
+        "without the ended, expiry and (before revision 0013) lease indexes",
+        ddl=drop_indexes(*SWEEP_INDEXES),
+    ),
     Variant(
         "lean",
         "no lane trigger, no tallies, no operator indexes but the due one, the guard behind its WHEN condition",
