@@ -39,11 +39,11 @@ from typing import Any, Literal
 
 import psutil
 
+from demo.nats import NATS_SERVER, NatsServer
+from demo.receiver import Receiver
 from demo.sink import Faults, SmtpSink
 from examples.accounts import events
 from outbox.executor.config import DEFAULTS
-from tests.nats_server import NATS_SERVER, NatsServer
-from tests.webhook_receivers import Receiver
 
 ROOT = Path(__file__).resolve().parent.parent
 DRAIN_DEPLOYMENT = "outbox-drain/outbox-drain"

@@ -25,6 +25,7 @@ from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from demo.nats import NatsServer
 from demo.postgres import embedded_postgres_server
 from demo.sink import SmtpSink
 from outbox import migrate
@@ -180,3 +181,11 @@ def outbox_logger_restored() -> Iterator[None]:
     yield
     logger.handlers[:] = handlers
     logger.setLevel(level)
+
+
+@pytest.fixture
+def nats_server() -> Iterator[NatsServer]:
+    """A fresh nats-server with JetStream for one test, stopped after it."""
+    server = NatsServer()
+    yield server
+    server.stop()

@@ -1,4 +1,4 @@
-"""The NATS_EVENT kind against a real nats-server with JetStream (tests/nats_server.py) and the real PostgreSQL.
+"""The NATS_EVENT kind against a real nats-server with JetStream (demo/nats.py) and the real PostgreSQL.
 
     enqueue_event (the test's order table) ─▶ drain ─▶ NatsAdapter ─▶ [relay] ─▶ nats-server (stream ORDERS)
 
@@ -28,6 +28,7 @@ from sqlalchemy import Engine, TextClause, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 import outbox
+from demo.nats import NatsServer, free_port
 from outbox.errors import InvalidRequest
 from outbox.executor import Abandoned, ActionAttempt, Done, Executor, Result
 from outbox.kinds import ActionKind
@@ -46,12 +47,8 @@ from outbox.nats.message import (
 from outbox.nats.settings import NatsSettingsError, load_config, parse_servers, shown_url
 from outbox.requests import ActionRequest
 from outbox.testing import drain
-from tests import nats_server as served
 from tests.chaos.netrelay import NetRelay
 from tests.conftest import CliResult
-from tests.nats_server import NatsServer
-
-nats_server = served.nats_server  # the fixture
 
 STREAM = "ORDERS"
 
@@ -643,7 +640,7 @@ def test_ensure_stream_refuses_bad_input_in_one_line(
 def test_ensure_stream_names_an_unreachable_server_without_its_password(
     cli: Callable[..., CliResult], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    port = served.free_port()
+    port = free_port()
     monkeypatch.setenv("OUTBOX_NATS_URL", f"nats://app:s3cret-pw@127.0.0.1:{port}")
     failed = cli("nats", "ensure-stream", "--stream", STREAM, "--subject", "orders.>")
     assert failed.code == 1 and len(failed.err.strip().splitlines()) == 1
@@ -671,7 +668,7 @@ async def test_the_adapter_connects_to_the_first_server_of_its_list_that_answers
     app: Engine, aengine: AsyncEngine, nats_server: NatsServer
 ) -> None:
     await add_stream(nats_server.url)
-    dead = f"nats://127.0.0.1:{served.free_port()}"
+    dead = f"nats://127.0.0.1:{free_port()}"
     adapter = NatsAdapter(aengine, NatsConfig(servers=(dead, nats_server.url), publish_timeout_seconds=1))
     try:
         action_id = enqueue(app, 1)
@@ -684,7 +681,7 @@ async def test_the_adapter_connects_to_the_first_server_of_its_list_that_answers
 async def test_a_server_that_cannot_be_reached_is_retried_and_nothing_is_claimed_sent(
     app: Engine, aengine: AsyncEngine
 ) -> None:
-    adapter = NatsAdapter(aengine, config(f"nats://app:s3cret-pw@127.0.0.1:{served.free_port()}"))
+    adapter = NatsAdapter(aengine, config(f"nats://app:s3cret-pw@127.0.0.1:{free_port()}"))
     action_id = enqueue(app, 1, max_attempts=1)
     await drain(aengine, [adapter])
     assert ended(app, action_id)[:3] == ("FAILED", "ATTEMPTS_EXHAUSTED", 1)  # epoch 1: nothing was ever sent

@@ -25,6 +25,7 @@ from prefect.blocks.system import Secret
 from prefect.client.orchestration import get_client
 from sqlalchemy import Engine, text
 
+from demo.receiver import Receiver as WebhookReceiver
 from demo.sink import Faults, SmtpSink
 from demo.stack import ROOT
 from flows.drain import drain
@@ -35,7 +36,6 @@ from outbox.webhook import register as register_webhook
 from tests.prefect_server import PrefectServer
 from tests.support import until
 from tests.test_flows import enqueue_alerts
-from tests.webhook_receivers import Receiver as WebhookReceiver
 
 NOTIFY_FILE = ROOT / "deploy" / "prefect-notify.yaml"
 PLACEHOLDER = "REPLACE_WITH_NOTIFICATION_BLOCK_ID"

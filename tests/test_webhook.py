@@ -1,4 +1,4 @@
-"""The WEBHOOK kind against real HTTP receivers (tests/webhook_receivers.py) and the real database.
+"""The WEBHOOK kind against real HTTP receivers (demo/receiver.py) and the real database.
 
 Each test registers the `billing` endpoint at a receiver of its own and the `invoice.paid` event (a fresh
 registry per test), enqueues through `enqueue_webhook`, attempts once or drains, and asserts the action's
@@ -32,6 +32,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from standardwebhooks import Webhook
 
 import outbox
+from demo.receiver import Receiver
 from outbox import InvalidRequest
 from outbox.executor import ActionAdapter, Executor
 from outbox.testing import drain
@@ -54,7 +55,6 @@ from outbox.webhook import events as event_registry
 from outbox.webhook.adapter import receiver_id, retry_after_seconds
 from outbox.webhook.endpoints import check_url, endpoint_secret
 from tests.support import until
-from tests.webhook_receivers import Receiver
 
 ROOT = Path(__file__).resolve().parent.parent
 SECRET = "whsec_" + base64.b64encode(b"k" * 32).decode()
@@ -844,7 +844,7 @@ def test_the_receiver_runs_as_a_process_that_keeps_a_journal(tmp_path: Path) -> 
         [
             sys.executable,
             "-m",
-            "tests.webhook_receivers",
+            "demo.receiver",
             "--port",
             str(port),
             "--secret",

@@ -3,7 +3,7 @@
     executor ─▶ OUTBOX_NATS_URL ───────────────────────▶ nats-server (JetStream, a store of the run's own)
                                                           stream ACCOUNTS: accounts.>, limits, file storage,
                                                           a duplicate window shorter than the lease
-    executor ─▶ ACCOUNTS_ALERTS_WEBHOOK_URL ─▶ NetRelay ─▶ receiver process (tests.chaos.receiver) ─▶ its journal
+    executor ─▶ ACCOUNTS_ALERTS_WEBHOOK_URL ─▶ NetRelay ─▶ receiver process (demo.receiver) ─▶ its journal
 
 The runner kills and restarts the nats-server (same port and store) and the receiver process (same port and
 journal), and cuts or blackholes the relay; the checks read the whole stream, message by message, and the
@@ -29,13 +29,13 @@ from typing import Any
 
 from nats.js.errors import NotFoundError
 
+from demo.nats import NatsServer, free_port
 from examples.accounts.events import STREAM, STREAM_SUBJECTS
 from outbox.nats.client import connect
 from outbox.nats.message import MSG_ID_HEADER
 from outbox.nats.settings import NatsConfig
 from outbox.nats.streams import StreamSpec, ensure_stream
 from tests.chaos.netrelay import NetRelay
-from tests.nats_server import NatsServer, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 READY_SECONDS = 20.0
@@ -89,7 +89,7 @@ class Providers:
         args = ["--port", str(self.receiver_port), "--secret", self.secret, "--journal", str(self.journal)]
         with open(self._log, "ab") as log:
             self.receiver = subprocess.Popen(
-                [sys.executable, "-m", "tests.chaos.receiver", *args], cwd=ROOT, stdout=log, stderr=log
+                [sys.executable, "-m", "demo.receiver", *args], cwd=ROOT, stdout=log, stderr=log
             )
         deadline = time.monotonic() + READY_SECONDS
         while not _accepts(self.receiver_port):

@@ -1,4 +1,6 @@
-"""Webhook receivers for the tests: real HTTP servers on free 127.0.0.1 ports, each in a thread of its own.
+"""Webhook receivers for the demo and the tests: real HTTP servers on free 127.0.0.1 ports, each in a thread
+of its own. The demo's verifies, deduplicates and fails a share of the first deliveries; the tests script
+every answer.
 
     POST ──▶ the next step of the receiver's script (none left: "ok") ──▶ every request kept in `seen`
         "ok"         verify the signature (401 if it fails), keep one effect per webhook-id, 200 {"id": "rcv_<n>"}
@@ -11,9 +13,9 @@
         "reset"      read the body, then reset the connection (SO_LINGER 0, close): no answer, no effect
         "stall"      read the body, answer nothing until the receiver stops: no effect
 
-Also a process of its own, for the chaos harness to kill: `python -m tests.webhook_receivers --port P
---secret S --journal FILE` runs an "ok" receiver and rewrites FILE (JSON: webhook-id -> body, deliveries,
-receiver id) when it starts and after every delivery.
+Also a process of its own, for the chaos harness to kill: `python -m demo.receiver --port P
+--secret S --journal FILE` runs an "ok" receiver that starts from FILE when it exists and rewrites it
+(JSON: webhook-id -> body, deliveries, receiver id) when it starts and after every delivery.
 """
 
 from __future__ import annotations
@@ -191,13 +193,28 @@ def _handler(receiver: Receiver) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
+def effects_of(journal: Path) -> dict[str, Effect]:
+    """The effects a journal holds (none when it does not exist)."""
+    if not journal.exists():
+        return {}
+    kept = json.loads(journal.read_text())
+    return {
+        msg_id: Effect(entry["body"].encode(), int(entry["deliveries"]), str(entry["receiver_id"]))
+        for msg_id, entry in kept.items()
+    }
+
+
 def main() -> None:
+    """A receiver process that starts from its journal, as a receiver's store would: a webhook delivered
+    before a kill and sent again after it is a second delivery, not a second effect."""
     parser = argparse.ArgumentParser(description="a deduplicating webhook receiver that keeps a journal")
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--secret", required=True)
     parser.add_argument("--journal", type=Path, required=True)
     arguments = parser.parse_args()
-    receiver = Receiver(arguments.secret, journal=arguments.journal, port=arguments.port).start()
+    receiver = Receiver(arguments.secret, journal=arguments.journal, port=arguments.port)
+    receiver.effects.update(effects_of(arguments.journal))
+    receiver.start()
     stopped = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stopped.set())

@@ -1,4 +1,5 @@
-"""A nats-server with JetStream of the tests' own, on free 127.0.0.1 ports, that can be killed and restarted.
+"""A nats-server with JetStream of the demo's, the tests' or the chaos harness's own, on free 127.0.0.1 ports,
+that can be killed and restarted.
 
     NatsServer() ──▶ nats-server -js -a 127.0.0.1 -p <free> -sd <store> -m <free monitor port>
         ready: GET http://127.0.0.1:<monitor>/healthz?js-enabled-only=true answers ok
@@ -6,8 +7,9 @@
     restart()  kill if running, then start again on the same ports and store
     stop()     SIGTERM, SIGKILL after 10 s; the store is removed
 
-A plain class, so the chaos harness can run one; `nats_server` is its pytest fixture. It never uses the
-machine's own NATS (port 4222) nor any port it did not find free.
+A plain class: `outbox demo` runs one for its events, the tests one per test (their `nats_server` fixture)
+and the chaos harness one it kills. It never uses a NATS already running on this machine (port 4222) nor
+any port it did not find free.
 """
 
 from __future__ import annotations
@@ -20,10 +22,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
 
 NATS_SERVER = shutil.which("nats-server") or "/usr/sbin/nats-server"
 READY_SECONDS = 20.0
@@ -114,11 +113,3 @@ class NatsServer:
             return " | ".join(self._log.read_text(errors="replace").splitlines()[-5:])
         except OSError:
             return "(no log)"
-
-
-@pytest.fixture
-def nats_server() -> Iterator[NatsServer]:
-    """A fresh nats-server with JetStream for one test, stopped after it."""
-    server = NatsServer()
-    yield server
-    server.stop()
