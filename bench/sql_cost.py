@@ -458,9 +458,8 @@ def run(args: argparse.Namespace) -> None:
     args.work.mkdir(parents=True, exist_ok=True)
     admin, handle = server(args.work / "pg")
     with psycopg.connect(admin, autocommit=True) as conn:
-        backend = conn.info.backend_pid
         version = conn.execute("SHOW server_version").fetchone()
-    postmaster = psutil.Process(psutil.Process(backend).ppid())
+        postmaster = psutil.Process(psutil.Process(conn.info.backend_pid).ppid())
     print(f"PostgreSQL {version[0] if version else '?'}, {args.jobs:,} actions per run, {args.rounds} rounds")
     runs: dict[str, list[Run]] = {n: [] for n in names}
     load = [" ".join(load_average_fields())]
