@@ -13,7 +13,7 @@ alternated within every scenario (each round in a rotated order) so that drift h
 3. pickup latency: enqueue commit to job start, p50/p95/p99, at 50 jobs/s
 4. lanes: 200 lanes x 250 jobs with per-key serial execution: jobs/s, and whether order held
 5. the limit: the same row writes as SQL-only loops (`bench.peers.sql_loop`: the bare table, the
-   spec-minimal table, outbox's schema and statements; alternated, one per round, each round rotated),
+   contract-minimal table, outbox's schema and statements; alternated, one per round, each round rotated),
    with their backends' CPU per action, and pgbench's simple-update
 6. cost: peak RSS of one worker (VmHWM), CPU seconds per 1,000 jobs in the workers and in PostgreSQL
 Prints one table with outbox/peer ratios and every round, writes plots to --plots (made if new), and the
@@ -369,7 +369,7 @@ def best_pass(steps: list[Steady]) -> float:
 
 
 # the SQL-only loops run in every round, in a rotated order; lifecycle once after them
-LOOPS = ("minimal", "spec-minimal", "schema")
+LOOPS = ("minimal", "contract-minimal", "schema")
 
 
 @dataclass
@@ -392,7 +392,7 @@ def sql_loop(db: Server, variant: str, jobs: int, seconds: float) -> Loop:
             with engine.connect() as conn:
                 conn.execution_options(isolation_level="AUTOCOMMIT").execute(text("VACUUM ANALYZE"))
             engine.dispose()
-        elif variant == "spec-minimal":
+        elif variant == "contract-minimal":
             sql_loop_module.create_spec(libpq, jobs)
         else:
             sql_loop_module.create_minimal(libpq, jobs if variant == "minimal" else 0)
@@ -700,8 +700,8 @@ def report(
         for key, label, ours in (
             ("minimal", "SQL-only loop: claim, fence, finish 50 at a time, bare table (vs burn-down)", ours_burn),
             (
-                "spec-minimal",
-                "SQL-only loop on the spec-minimal table: guard, unique lane index (vs burn-down)",
+                "contract-minimal",
+                "SQL-only loop on the contract-minimal table: guard, unique lane index (vs burn-down)",
                 ours_burn,
             ),
             ("schema", "SQL-only loop on outbox's own schema and statements (vs burn-down)", ours_burn),
@@ -722,10 +722,11 @@ def report(
             cpus = " / ".join(fmt(r.backend_us, 1) for r in runs)
             cpu = statistics.median(r.backend_us for r in runs)
             lines.append(f"| {variant} | {fmt(limit[variant])} | {rates} | {fmt(cpu, 1)} | {cpus} |")
-        if "schema" in limit and "spec-minimal" in limit:
-            spec, ours_loop = statistics.median(r.backend_us for r in loops["spec-minimal"]), loops["schema"]
+        if "schema" in limit and "contract-minimal" in limit:
+            spec, ours_loop = statistics.median(r.backend_us for r in loops["contract-minimal"]), loops["schema"]
             lines.append(
-                f"\noutbox's schema loop against the spec-minimal loop: {limit['spec-minimal'] / limit['schema']:.2f}x"
+                "\noutbox's schema loop against the contract-minimal loop:"
+                f" {limit['contract-minimal'] / limit['schema']:.2f}x"
                 f" the time per job, {statistics.median(r.backend_us for r in ours_loop) / spec:.2f}x the backend CPU"
                 " (target <= 1.3x)"
             )

@@ -1,4 +1,4 @@
-"""What each design element of outbox's schema costs the database per action, against the spec-minimal loop.
+"""What each design element of outbox's schema costs the database per action, against the contract-minimal loop.
 
     private PostgreSQL (pg_stat_statements, track = all; track_functions = all)
       └─ per round, every variant in a rotated order, each on a fresh database:
@@ -9,16 +9,16 @@
 
     .venv/bin/python -m bench.sql_cost [--jobs 20000] [--rounds 3] [--variants ...] [--markdown FILE] [--work DIR]
 
-The variants: `bare` and `spec-minimal` (the loops of `bench.peers.sql_loop`), `outbox` (its schema and its
+The variants: `bare` and `contract-minimal` (the loops of `bench.peers.sql_loop`), `outbox` (its schema and its
 executor's statements, as shipped), and outbox with one design element switched off each: the lane trigger
-and `agent_lane` (its claim then takes lane heads by the rule itself, as the spec-minimal loop does), the
+and `agent_lane` (its claim then takes lane heads by the rule itself, as the contract-minimal loop does), the
 tallies (the ended tally trigger and the group commit's tally inserts), the PL/pgSQL guard (the result
 statement stamps what the guard stamps), the guard entered only off the hot transitions (a `WHEN`
 condition), each operator index, the sweep and retention indexes; and with a 500-byte payload (outbox and
-the spec-minimal table). `lean` switches off the lane trigger, the tallies and the operator indexes at once
+the contract-minimal table). `lean` switches off the lane trigger, the tallies and the operator indexes at once
 (but the due one, which its claim walks) and guards through the `WHEN` condition; `lean-plain` runs the
-spec-minimal loop's own three statements on lean's schema with the shipped guard, so what is left between it
-and `spec-minimal` is outbox's table, and between it and `lean` the group commit. Nothing here is a schema
+contract-minimal loop's own three statements on lean's schema with the shipped guard, so what is left between it
+and `contract-minimal` is outbox's table, and between it and `lean` the group commit. Nothing here is a schema
 outbox ships: each variant is a measurement on a scratch database.
 """
 
@@ -152,11 +152,11 @@ NO_TALLIES = "DROP TRIGGER tally_agent_action_ended ON agent_action;"
 
 @dataclass(frozen=True)
 class Variant:
-    """One schema to measure: `loop` is `bench.peers.sql_loop`'s (bare, spec-minimal) or outbox's schema."""
+    """One schema to measure: `loop` is `bench.peers.sql_loop`'s (bare, contract-minimal) or outbox's schema."""
 
     name: str
     what: str
-    # minimal, spec-minimal: sql_loop's own; schema: outbox's statements; plain: the spec-minimal statements
+    # minimal, contract-minimal: sql_loop's own; schema: outbox's statements; plain: the contract-minimal statements
     loop: str = "schema"
     ddl: str = ""
     payload: str = "{}"
@@ -176,7 +176,7 @@ def drop_indexes(*names: str) -> str:
     return "".join(f"DROP INDEX IF EXISTS {name};\n" for name in names)
 
 
-# the spec-minimal loop's statements, on outbox's schema: its due index is (due_at) alone
+# the contract-minimal loop's statements, on outbox's schema: its due index is (due_at) alone
 PLAIN = (
     sql_loop.SPEC_CLAIM.replace("ORDER BY a.due_at, a.id", "ORDER BY a.due_at"),
     sql_loop.SPEC_FENCE,
@@ -185,8 +185,12 @@ PLAIN = (
 
 VARIANTS = [
     Variant("bare", "a bare table, no trigger (sql_loop minimal)", loop="minimal"),
-    Variant("spec-minimal", "the spec's columns, guard, unique lane index and idempotency key", loop="spec-minimal"),
-    Variant("spec-minimal-payload", "the same with a 500-byte payload", loop="spec-minimal", payload=WIDE_PAYLOAD),
+    Variant(
+        "contract-minimal", "the spec's columns, guard, unique lane index and idempotency key", loop="contract-minimal"
+    ),
+    Variant(
+        "contract-minimal-payload", "the same with a 500-byte payload", loop="contract-minimal", payload=WIDE_PAYLOAD
+    ),
     Variant("outbox", "outbox's schema and executor statements, as shipped"),
     Variant("outbox-payload", "the same with a 500-byte payload", payload=WIDE_PAYLOAD),
     Variant(
@@ -233,7 +237,7 @@ VARIANTS = [
 VARIANTS.append(
     Variant(
         "lean-plain",
-        "lean's schema with the shipped guard, and the spec-minimal loop's claim, fence and result statements",
+        "lean's schema with the shipped guard, and the contract-minimal loop's claim, fence and result statements",
         loop="plain",
         ddl=NO_LANE + NO_TALLIES + drop_indexes(*LISTING_INDEXES),
     )
@@ -289,7 +293,7 @@ def prepare(url: str, variant: Variant, jobs: int) -> None:
     if variant.loop == "minimal":
         sql_loop.create_minimal(url, jobs)
         return
-    if variant.loop == "spec-minimal":
+    if variant.loop == "contract-minimal":
         sql_loop.create_spec(url, jobs, variant.payload)
         return
     from sqlalchemy import create_engine
@@ -420,9 +424,9 @@ def median(values: list[float]) -> float:
 
 def report(runs: dict[str, list[Run]], load: list[str]) -> str:
     base = median([r.backend_us for r in runs.get("outbox", [])])
-    spec = median([r.backend_us for r in runs.get("spec-minimal", [])])
+    spec = median([r.backend_us for r in runs.get("contract-minimal", [])])
     lines = [
-        "| variant | what | jobs/s | backend CPU µs per action (rounds) | vs outbox | vs spec-minimal"
+        "| variant | what | jobs/s | backend CPU µs per action (rounds) | vs outbox | vs contract-minimal"
         " | server CPU µs | HOT updates |",
         "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
@@ -492,7 +496,7 @@ def loop(args: argparse.Namespace) -> None:
         claim, commit = variant.statements()
         result = sql_loop.schema(args.url, claim, commit)
     elif variant.loop == "plain":
-        result = sql_loop.loop(args.url, "spec-minimal", None, PLAIN)
+        result = sql_loop.loop(args.url, "contract-minimal", None, PLAIN)
     else:
         result = sql_loop.loop(args.url, variant.loop, None)
     sql_loop.write_result(Path(args.out), result)

@@ -4,14 +4,14 @@
                   claim (UPDATE ... SKIP LOCKED) ─▶ fence (UPDATE write_started_at) ─▶ finish (UPDATE to DONE),
                   each its own transaction, as outbox's executor does them
     lifecycle   : the same, after inserting those 50 jobs one per transaction, as callers enqueue them
-    spec-minimal: what any implementation of outbox's promises pays and nothing more: `agent_action` with the
+    contract-minimal: what any implementation of outbox's promises pays and nothing more: `agent_action` with the
                   columns of the schema contract, its guard trigger in PL/pgSQL, the unique lane index
                   (`ux_agent_action_lane_executing`), the unique idempotency key, a claim of lane heads by the
                   rule itself (no lane table), the fence in its own transaction, then the result
     schema      : outbox's own statements (`outbox.store.executor`: the claim and the group commit) on
                   `agent_action` with its triggers and lane table: what the database costs outbox
 
-    python -m bench.peers.sql_loop minimal|lifecycle|spec-minimal|schema --url ... --seconds S --out FILE
+    python -m bench.peers.sql_loop minimal|lifecycle|contract-minimal|schema --url ... --seconds S --out FILE
 
 Each process loops until nothing is left to claim (or `--seconds` for lifecycle) and writes
 `<jobs> <first start ns> <last end ns> <CPU seconds of its server backend>`.
@@ -200,7 +200,7 @@ UPDATE agent_action AS a SET state = 'DONE', stop_reason = 'CONFIRMED', readback
 STATEMENTS = {
     "minimal": (CLAIM, FENCE, FINISH),
     "lifecycle": (CLAIM, FENCE, FINISH),
-    "spec-minimal": (SPEC_CLAIM, SPEC_FENCE, SPEC_FINISH),
+    "contract-minimal": (SPEC_CLAIM, SPEC_FENCE, SPEC_FINISH),
 }
 
 Result = tuple[int, int, int, float]
@@ -215,7 +215,7 @@ def create_minimal(url: str, preload: int) -> None:
 
 
 def create_spec(url: str, preload: int, payload: str = "{}") -> None:
-    """The spec-minimal table with `preload` ADMITTED actions (each in its own lane) carrying `payload`."""
+    """The contract-minimal table with `preload` ADMITTED actions (each in its own lane) carrying `payload`."""
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(SPEC_CREATE)
         conn.execute(SPEC_PRELOAD, {"count": preload, "payload": payload})
