@@ -23,13 +23,12 @@ from sqlalchemy import TextClause
 
 from outbox.action import Action
 from outbox.errors import InvalidRequest, OutboxError
+from outbox.event_payload import checked_event, parts, split_checked
 from outbox.intake import enqueue, enqueue_async, held_action, held_action_async
 from outbox.kinds import ActionKind
 from outbox.nats.message import check_event_type, event_token, message_body, message_subject
 from outbox.requests import ActionRequest
 from outbox.store.caller import AsyncConn, SyncConnection, fetch, fetch_async
-
-_SHAPE = '{"event_type": name, "event": {...}}'
 
 
 class UnknownEvent(OutboxError, LookupError):
@@ -147,36 +146,25 @@ def event_named(name: object) -> NatsEvent:
 
 def event_of(payload: Any) -> tuple[NatsEvent, dict[str, Any]]:
     """The event type and event a NATS_EVENT action's payload holds."""
-    if not isinstance(payload, dict) or not isinstance(payload.get("event"), dict):
-        raise InvalidRequest("payload", f"a NATS_EVENT payload is {_SHAPE}")
-    return event_named(payload.get("event_type")), payload["event"]
+    name, event = parts(payload, "NATS_EVENT")
+    return event_named(name), event
 
 
 def check_payload(payload: Any) -> None:
     """The NATS_EVENT kind's payload check at enqueue: `{"event_type": name, "event": {...}}` and nothing
     else, the event type registered in this process, its `params` accepting the event and its `subject`
     giving a valid subject; InvalidRequest otherwise."""
-    if not isinstance(payload, dict):
-        raise InvalidRequest("payload", f"a NATS_EVENT payload is {_SHAPE}, not a {type(payload).__name__}")
-    others = sorted(repr(key) for key in payload if key not in ("event_type", "event"))
-    if others:
-        raise InvalidRequest(
-            "payload", f"a NATS_EVENT payload holds only event_type and event, not {', '.join(others[:3])}"
-        )
+    name, event = split_checked(payload, "NATS_EVENT")
     try:
-        event_def = event_named(payload.get("event_type"))
+        event_def = event_named(name)
     except UnknownEvent as unknown:
         raise InvalidRequest("payload.event_type", str(unknown)) from None
-    event = payload.get("event")
-    if not isinstance(event, dict):
-        raise InvalidRequest("payload.event", f"must be an object of the {event_def.name} event's identifiers")
-    try:
+
+    def check(event: dict[str, Any]) -> None:
         event_def.params(event)
         message_subject(event_def.subject(event), event_token(event_def.idempotency_key(event)))
-    except InvalidRequest as refused:
-        raise InvalidRequest("payload.event", refused.message) from None
-    except (LookupError, TypeError, ValueError) as error:
-        raise InvalidRequest("payload.event", f"the {event_def.name} event cannot read it: {error!r}") from None
+
+    checked_event(event_def.name, event, check)
 
 
 def _held_or_nothing(event_def: NatsEvent, held: Action | None) -> Action:

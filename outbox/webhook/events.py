@@ -23,6 +23,7 @@ from sqlalchemy import TextClause
 
 from outbox.action import Action
 from outbox.errors import InvalidRequest, OutboxError
+from outbox.event_payload import checked_event, parts, split_checked
 from outbox.intake import enqueue, enqueue_async, held_action, held_action_async
 from outbox.kinds import ActionKind
 from outbox.requests import ActionRequest
@@ -33,7 +34,6 @@ from outbox.webhook.message import InvalidBody, body
 # the eight attempts of WEBHOOK's retry schedule (the first and its seven retries)
 MAX_ATTEMPTS = 8
 _TYPE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
-_SHAPE = '{"event_type": name, "event": {...}}'
 
 
 class UnknownEvent(OutboxError, LookupError):
@@ -135,33 +135,19 @@ def event_named(name: object) -> WebhookEvent:
 
 def event_of(payload: Any) -> tuple[WebhookEvent, dict[str, Any]]:
     """The event type and the event a WEBHOOK action's payload holds."""
-    if not isinstance(payload, dict) or not isinstance(payload.get("event"), dict):
-        raise InvalidRequest("payload", f"a WEBHOOK payload is {_SHAPE}")
-    return event_named(payload.get("event_type")), payload["event"]
+    name, event = parts(payload, "WEBHOOK")
+    return event_named(name), event
 
 
 def check_payload(payload: Any) -> None:
     """The WEBHOOK kind's payload check at enqueue: `{"event_type": name, "event": {...}}` and nothing else,
     the event type registered in this process and its `params` accepting the event; InvalidRequest otherwise."""
-    if not isinstance(payload, dict):
-        raise InvalidRequest("payload", f"a WEBHOOK payload is {_SHAPE}, not a {type(payload).__name__}")
-    others = sorted(repr(key) for key in payload if key not in ("event_type", "event"))
-    if others:
-        shown = ", ".join(others[:3])
-        raise InvalidRequest("payload", f"a WEBHOOK payload holds only event_type and event, not {shown}")
+    name, event = split_checked(payload, "WEBHOOK")
     try:
-        definition = event_named(payload.get("event_type"))
+        definition = event_named(name)
     except UnknownEvent as unknown:
         raise InvalidRequest("payload.event_type", str(unknown)) from None
-    event = payload.get("event")
-    if not isinstance(event, dict):
-        raise InvalidRequest("payload.event", f"must be an object of the {definition.name} event's identifiers")
-    try:
-        definition.params(event)
-    except InvalidRequest as refused:
-        raise InvalidRequest("payload.event", refused.message) from None
-    except (LookupError, TypeError, ValueError) as error:
-        raise InvalidRequest("payload.event", f"the {definition.name} event cannot read it: {error!r}") from None
+    checked_event(definition.name, event, definition.params)
 
 
 def prepared(definition: WebhookEvent, event: dict[str, Any], rows: Sequence[Mapping[str, Any]]) -> bytes | None:
