@@ -1,4 +1,4 @@
--- outbox's schema at revision 0013, as PostgreSQL 18 dumps it. Generated from the migrations
+-- outbox's schema at revision 0014, as PostgreSQL 18 dumps it. Generated from the migrations
 -- by `python -m tests.schema_dump`; do not edit: the revisions in migrations/versions/ are the source.
 
 --
@@ -557,12 +557,6 @@ ALTER TABLE ONLY public.agent_action
 CREATE INDEX ix_agent_action_admitted_due ON public.agent_action USING btree (due_at) WHERE (state = 'ADMITTED'::text);
 
 --
--- Name: ix_agent_action_created; Type: INDEX; Schema: public; Owner: -
---
-
-CREATE INDEX ix_agent_action_created ON public.agent_action USING btree (created_at, id);
-
---
 -- Name: ix_agent_action_ended; Type: INDEX; Schema: public; Owner: -
 --
 
@@ -584,7 +578,7 @@ CREATE INDEX ix_agent_action_lane_pending ON public.agent_action USING btree (la
 -- Name: ix_agent_action_state_created; Type: INDEX; Schema: public; Owner: -
 --
 
-CREATE INDEX ix_agent_action_state_created ON public.agent_action USING btree (state, created_at, id) INCLUDE (kind);
+CREATE INDEX ix_agent_action_state_created ON public.agent_action USING btree (state, created_at, id) INCLUDE (kind) WHERE (state <> 'EXECUTING'::text);
 
 --
 -- Name: ix_agent_action_subject; Type: INDEX; Schema: public; Owner: -

@@ -5,7 +5,8 @@
          schema (+ the variant's DDL) ─▶ N ADMITTED actions, each in its own lane ─▶ VACUUM ANALYZE
          ─▶ 2 loop processes (`bench.peers.sql_loop`): claim 50 ─▶ fence them ─▶ their results, until none
          ─▶ jobs/s, the two backends' CPU per action, the whole server's CPU per action, HOT updates,
-            statement and function times per action
+            WAL bytes per action (from the insert position before and after the loops: no noise from the
+            machine's load, which the CPU figures have), statement and function times per action
 
     .venv/bin/python -m bench.sql_cost [--jobs 20000] [--rounds 3] [--variants ...] [--markdown FILE] [--work DIR]
 
@@ -54,7 +55,6 @@ SELECT 'TEST_NOOP', 1, 'lane-' || g, 'lane-job-' || g, %(payload)s::jsonb, 5, 'A
   FROM generate_series(1, %(count)s) AS g
 """
 OPERATOR_INDEXES = (
-    "ix_agent_action_created",
     "ix_agent_action_state_created",
     "ix_agent_action_admitted_due",
     "ix_agent_action_uncertain",
@@ -194,6 +194,13 @@ VARIANTS = [
     Variant("outbox", "outbox's schema and executor statements, as shipped"),
     Variant("outbox-payload", "the same with a 500-byte payload", payload=WIDE_PAYLOAD),
     Variant(
+        "outbox-0013-indexes",
+        "outbox with revision 0013's listing indexes (created_at over every row, state over every row)",
+        ddl=drop_indexes("ix_agent_action_state_created")
+        + "CREATE INDEX ix_agent_action_created ON agent_action (created_at, id);\n"
+        "CREATE INDEX ix_agent_action_state_created ON agent_action (state, created_at, id) INCLUDE (kind);",
+    ),
+    Variant(
         "no-lane",
         "no lane trigger, no agent_lane rows; heads claimed by the rule; results lock no lane row",
         ddl=NO_LANE,
@@ -219,7 +226,7 @@ VARIANTS = [
         ddl=GUARD_WHEN,
         commit=(commit_stamping_ends,),
     ),
-    Variant("no-operator-indexes", "without the four operator indexes", ddl=drop_indexes(*OPERATOR_INDEXES)),
+    Variant("no-operator-indexes", "without the three operator indexes", ddl=drop_indexes(*OPERATOR_INDEXES)),
     *(Variant(f"no-{name}", f"without {name}", ddl=drop_indexes(name)) for name in OPERATOR_INDEXES),
     Variant(
         "no-sweep-indexes",
@@ -256,6 +263,7 @@ class Run:
     backend_us: float  # the two loops' backends, CPU µs per action
     server_us: float  # every server process (autovacuum, WAL writer, checkpointer too), CPU µs per action
     hot_share: float  # HOT updates among the action table's updates
+    wal_bytes: float  # WAL the whole server wrote, bytes per action
     statements_us: dict[str, float] = field(default_factory=dict)  # execution (+ planning) per action
     functions_us: dict[str, float] = field(default_factory=dict)  # trigger functions, self time per action
 
@@ -283,6 +291,12 @@ def server(data: Path) -> tuple[str, Any]:
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
     return url, handle
+
+
+def wal_position(conn: psycopg.Connection[Any]) -> int:
+    """Where the server inserts its next WAL record, in bytes from the start."""
+    row = conn.execute("SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), '0/0')::bigint").fetchone()
+    return int(row[0]) if row else 0
 
 
 def database_url(url: str, name: str) -> str:
@@ -358,6 +372,8 @@ def measure(admin: str, postmaster: psutil.Process, variant: Variant, jobs: int,
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("SELECT pg_stat_reset()")  # not the preload's inserts
     cpu0 = server_cpu(postmaster)
+    with psycopg.connect(admin, autocommit=True) as conn:
+        wal0 = wal_position(conn)
     argv = [python(), "-m", "bench.sql_cost", "loop", variant.name, "--url", url]
     processes = []
     for i, out in enumerate(outs):
@@ -369,6 +385,8 @@ def measure(admin: str, postmaster: psutil.Process, variant: Variant, jobs: int,
         if process.wait(timeout=600) != 0:
             raise RuntimeError(f"{variant.name}: a loop failed, see {run_dir}")
     server_seconds = server_cpu(postmaster) - cpu0
+    with psycopg.connect(admin, autocommit=True) as conn:
+        wal_bytes = wal_position(conn) - wal0
     results = [sql_loop.read_result(out) for out in outs]
     done = sum(r[0] for r in results)
     if done != jobs:
@@ -410,6 +428,7 @@ def measure(admin: str, postmaster: psutil.Process, variant: Variant, jobs: int,
         sum(r[3] for r in results) / done * 1e6,
         server_seconds / done * 1e6,
         hot / updated if updated else 0.0,
+        wal_bytes / done,
         dict(statements),
         functions,
     )
@@ -427,8 +446,8 @@ def report(runs: dict[str, list[Run]], load: list[str]) -> str:
     spec = median([r.backend_us for r in runs.get("contract-minimal", [])])
     lines = [
         "| variant | what | jobs/s | backend CPU µs per action (rounds) | vs outbox | vs contract-minimal"
-        " | server CPU µs | HOT updates |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+        " | server CPU µs | HOT updates | WAL bytes per action |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for name, rs in runs.items():
         cpu = median([r.backend_us for r in rs])
@@ -436,7 +455,7 @@ def report(runs: dict[str, list[Run]], load: list[str]) -> str:
         lines.append(
             f"| {name} | {BY_NAME[name].what} | {median([r.rate for r in rs]):,.0f} | {cpu:.1f} ({rounds})"
             f" | {cpu - base:+.1f} | {cpu / spec:.2f}x | {median([r.server_us for r in rs]):.1f}"
-            f" | {median([r.hot_share for r in rs]):.0%} |"
+            f" | {median([r.hot_share for r in rs]):.0%} | {median([r.wal_bytes for r in rs]):,.0f} |"
         )
     lines += [
         "",
@@ -474,7 +493,8 @@ def run(args: argparse.Namespace) -> None:
             runs[name].append(result)
             print(
                 f"  {name:28} round {rnd + 1}: {result.rate:8,.0f} jobs/s, backend {result.backend_us:6.1f} µs,"
-                f" server {result.server_us:6.1f} µs per action, HOT {result.hot_share:.0%}",
+                f" server {result.server_us:6.1f} µs per action, HOT {result.hot_share:.0%},"
+                f" WAL {result.wal_bytes:,.0f} B per action",
                 flush=True,
             )
         load.append(" ".join(load_average_fields()))

@@ -10,6 +10,7 @@ import functools
 
 from sqlalchemy import TextClause, text
 
+from outbox.states import ActionState
 from outbox.store.application import ACTION_COLUMNS
 
 # whether outbox's schema is there at all (a statement that names a missing table fails when planned)
@@ -17,11 +18,15 @@ STORE_EXISTS = text("SELECT to_regclass('agent_action') IS NOT NULL")
 
 # ---- outbox status ---------------------------------------------------------------------------------
 
-# From ix_agent_action_state_created alone (state leads, kind is included).
+# PROPOSED and ADMITTED from ix_agent_action_state_created alone (state leads, kind is included); EXECUTING
+# from ux_agent_action_lane_executing (one row per executing lane), which the first index does not hold.
 COUNT_UNENDED_BY_STATE_AND_KIND = text("""
 SELECT state, kind, count(*) AS actions FROM agent_action
- WHERE state IN ('PROPOSED', 'ADMITTED', 'EXECUTING')
- GROUP BY state, kind ORDER BY state, kind
+ WHERE state IN ('PROPOSED', 'ADMITTED')
+ GROUP BY state, kind
+UNION ALL
+SELECT state, kind, count(*) FROM agent_action WHERE state = 'EXECUTING' GROUP BY state, kind
+ ORDER BY state, kind
 """)
 
 # ADMITTED and due, whether or not its lane lets it start: the oldest is the first entry of the index.
@@ -82,17 +87,31 @@ SELECT_ACTION_POSITION = text("SELECT created_at, id FROM agent_action WHERE id 
 @functools.cache
 def list_actions(*, state: bool, kind: bool, before: bool) -> TextClause:
     """Newest first (created_at, then id) since a time, with only the filters given, so each one is an index
-    condition: ix_agent_action_state_created with a state, ix_agent_action_created without."""
+    condition. With a state: ix_agent_action_state_created (ux_agent_action_lane_executing for EXECUTING,
+    whose few rows are sorted). Without: the same per state, each state's newest `limit` merged."""
     conditions = ["created_at >= now() - make_interval(secs => :since_seconds)"]
-    if state:
-        conditions.append("state = :state")
     if kind:
         conditions.append("kind = :kind")
     if before:
         conditions.append("(created_at, id) < (:before_created_at, :before_id)")
+    if state:
+        return _newest(" AND ".join(["state = :state", *conditions]))
+    per_state = "\nUNION ALL\n".join(
+        "(" + _newest(" AND ".join([f"state = '{s}'", *conditions])).text.strip() + ")" for s in ActionState
+    )
+    return text(f"""
+SELECT {ACTION_COLUMNS} FROM (
+{per_state}
+) AS a
+ ORDER BY created_at DESC, id DESC
+ LIMIT :limit
+""")
+
+
+def _newest(where: str) -> TextClause:
     return text(f"""
 SELECT {ACTION_COLUMNS} FROM agent_action
- WHERE {" AND ".join(conditions)}
+ WHERE {where}
  ORDER BY created_at DESC, id DESC
  LIMIT :limit
 """)
