@@ -3,6 +3,7 @@ of its own. The demo's verifies, deduplicates and fails a share of the first del
 every answer.
 
     POST ──▶ the next step of the receiver's script (none left: "ok") ──▶ every request kept in `seen`
+             (with `first_deliveries_only`, only a webhook-id's first delivery takes a step: a retry is "ok")
         "ok"         verify the signature (401 if it fails), keep one effect per webhook-id, 200 {"id": "rcv_<n>"}
                      (a duplicate gets the first delivery's id and no second effect)
         "kept-reset" as "ok", then reset the connection instead of answering (the answer is lost)
@@ -65,9 +66,12 @@ class Receiver:
         redirect_to: str | None = None,
         journal: Path | None = None,
         port: int = 0,
+        first_deliveries_only: bool = False,
     ) -> None:
         self.secret = secret
         self.script: deque[str] = deque(script)
+        self.first_deliveries_only = first_deliveries_only
+        self._tried: set[str] = set()
         self.redirect_to = redirect_to
         self.journal = journal
         self.effects: dict[str, Effect] = {}
@@ -99,8 +103,13 @@ class Receiver:
         self._server.server_close()
         self._thread.join(10)
 
-    def next_step(self) -> str:
+    def next_step(self, msg_id: str | None) -> str:
+        """What to do with a delivery of `msg_id` (its webhook-id header, if it has one)."""
         with self._lock:
+            if self.first_deliveries_only and msg_id is not None:
+                if msg_id in self._tried:
+                    return "ok"
+                self._tried.add(msg_id)
             return self.script.popleft() if self.script else "ok"
 
     def deliveries(self) -> dict[str, int]:
@@ -146,7 +155,7 @@ def _handler(receiver: Receiver) -> type[BaseHTTPRequestHandler]:
 
         def do_POST(self) -> None:
             body = self.rfile.read(int(self.headers.get("content-length", "0")))
-            step = receiver.next_step()
+            step = receiver.next_step(self.headers.get("webhook-id"))
             headers = {name.lower(): value for name, value in self.headers.items()}
             receiver.record(Seen(self.path, headers, body, step))
             code, _, value = step.partition(" ")

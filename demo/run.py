@@ -167,7 +167,7 @@ def run_demo(
         if stack.nats is None:
             console.print("[dim]nats-server is not installed: the backlog holds emails and webhooks only[/dim]")
         # the backlog's first pass meets the receiver's faults; a failed webhook is sent again 5 s later and
-        # then succeeds (a second failure would wait the schedule's 5 minutes)
+        # then kept (the receiver fails first deliveries only: a second failure would wait 5 minutes)
         assert stack.receiver is not None
         stack.receiver.script.extend(flaky_script(flaky, -(-actions // len(kinds))))
         workload = run_workload(engine, actions, lanes, kinds, unsubscribe, timeout)

@@ -92,9 +92,9 @@ def prefect_worker_name(name: str) -> str:
 
 
 def flaky_script(share: float, steps: int) -> list[str]:
-    """What the webhook receiver does with its next `steps` deliveries: a `share` of them fail as receivers
-    do (500, a reset after the body was read, a reset after the delivery was kept: its answer lost), the rest
-    are kept, and so is every later one. Seeded, as the SMTP sink's faults are."""
+    """What the webhook receiver does with the first deliveries of its next `steps` webhooks: a `share` of them
+    fail as receivers do (500, a reset after the body was read, a reset after the delivery was kept: its answer
+    lost), the rest are kept, and so is every later one. Seeded, as the SMTP sink's faults are."""
     rng = random.Random(7)
     faults = ("500", "reset", "kept-reset")
     return [rng.choice(faults) if rng.random() < share else "ok" for _ in range(steps)]
@@ -158,7 +158,8 @@ class Stack:
         (self.workdir / "prefect").mkdir(parents=True, exist_ok=True)
         self.sink = SmtpSink(faults=Faults(flaky=self.flaky), seed=7).start()
         self._serve_mailbox()
-        self.receiver = Receiver(self.webhook_secret).start()
+        # faults on first deliveries only: a retry (5 s later) is kept, never waits the schedule's 5 minutes
+        self.receiver = Receiver(self.webhook_secret, first_deliveries_only=True).start()
         if Path(NATS_SERVER).is_file():
             store = self.workdir / "nats"  # made afresh, as the Prefect server's database is
             shutil.rmtree(store, ignore_errors=True)
