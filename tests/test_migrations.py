@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Iterator
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -226,4 +227,44 @@ def test_a_downgrade_to_0006_restores_its_constraints_and_guard_exactly(empty_da
         migrate.downgrade(conn, "0006")
         assert (conn.execute(KIND_CONSTRAINTS).all(), conn.execute(GUARD).scalar_one()) == before
         assert conn.execute(text("SELECT to_regclass('agent_action_kind')")).scalar_one() is None
+    engine.dispose()
+
+
+def prebuild_statement() -> str:
+    """The statement docs/operations.md gives a DBA to build revision 0014's index without blocking writes."""
+    docs = (Path(__file__).resolve().parent.parent / "docs" / "operations.md").read_text()
+    found = re.search(r"```sql\n(CREATE INDEX CONCURRENTLY[^`]*ix_agent_action_state_created_0014[^`]*)```", docs)
+    assert found, "docs/operations.md no longer shows how to build 0014's index concurrently"
+    return found[1]
+
+
+INDEX_OID = text("SELECT to_regclass(:name)::oid")
+INDEX_DEF = text("SELECT pg_get_indexdef(to_regclass(:name))")
+
+
+@pytest.mark.parametrize("prebuilt", ["valid", "invalid"])
+def test_revision_0014_keeps_the_index_a_dba_built_concurrently_unless_the_build_failed(
+    empty_database_url: str, prebuilt: str
+) -> None:
+    engine = create_engine(empty_database_url)
+    with engine.begin() as conn:
+        migrate.upgrade(conn, "0013")
+        fresh = conn.execute(INDEX_DEF, {"name": "ix_agent_action_state_created"}).scalar_one()
+    with engine.connect() as conn:
+        conn.execution_options(isolation_level="AUTOCOMMIT").execute(text(prebuild_statement()))
+        built = conn.execute(INDEX_OID, {"name": "ix_agent_action_state_created_0014"}).scalar_one()
+        if prebuilt == "invalid":  # what a concurrent build that failed leaves behind
+            conn.execute(text("UPDATE pg_index SET indisvalid = false WHERE indexrelid = :oid"), {"oid": built})
+    with engine.begin() as conn:
+        migrate.upgrade(conn, "0014")
+        kept = conn.execute(INDEX_OID, {"name": "ix_agent_action_state_created"}).scalar_one()
+        assert (kept == built) is (prebuilt == "valid")
+        assert conn.execute(text("SELECT indisvalid FROM pg_index WHERE indexrelid = :oid"), {"oid": kept}).scalar()
+        assert conn.execute(INDEX_DEF, {"name": "ix_agent_action_state_created"}).scalar_one() == fresh.replace(
+            "INCLUDE (kind)", "INCLUDE (kind) WHERE (state <> 'EXECUTING'::text)"
+        )
+        assert conn.execute(INDEX_OID, {"name": "ix_agent_action_created"}).scalar_one() is None
+        migrate.downgrade(conn, "0013")
+        assert conn.execute(INDEX_DEF, {"name": "ix_agent_action_state_created"}).scalar_one() == fresh
+        assert conn.execute(INDEX_OID, {"name": "ix_agent_action_created"}).scalar_one() is not None
     engine.dispose()

@@ -15,8 +15,10 @@
   `ux_agent_action_lane_executing` (one per executing lane, as many as the executors' slots), which serves
   them; a claim then writes no entry into it.
 
-The index by state is rebuilt: `CREATE INDEX` takes a lock that blocks writes to `agent_action` while it
-reads the table; the old index serves reads until the new one is there.
+The index by state is built anew under a name of its own, then takes the old one's name. `CREATE INDEX` blocks
+writes to `agent_action` while it reads the table; on a large table a DBA builds that index first with
+`CREATE INDEX CONCURRENTLY` (docs/operations.md, "Migrations") and the revision keeps it, unless the build
+failed and left it invalid, when it builds it again.
 
 Revision ID: 0014
 Revises: 0013
@@ -31,7 +33,16 @@ branch_labels = None
 depends_on = None
 
 UPGRADE = r"""
-CREATE INDEX ix_agent_action_state_created_0014 ON agent_action (state, created_at, id) INCLUDE (kind)
+DO $$
+BEGIN
+    -- a concurrent build that failed leaves an invalid index behind: build it again
+    IF EXISTS (SELECT 1 FROM pg_index
+                WHERE indexrelid = to_regclass('ix_agent_action_state_created_0014') AND NOT indisvalid) THEN
+        DROP INDEX ix_agent_action_state_created_0014;
+    END IF;
+END
+$$;
+CREATE INDEX IF NOT EXISTS ix_agent_action_state_created_0014 ON agent_action (state, created_at, id) INCLUDE (kind)
     WHERE state <> 'EXECUTING';
 DROP INDEX ix_agent_action_state_created;
 ALTER INDEX ix_agent_action_state_created_0014 RENAME TO ix_agent_action_state_created;
