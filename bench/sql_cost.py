@@ -186,7 +186,9 @@ PLAIN = (
 VARIANTS = [
     Variant("bare", "a bare table, no trigger (sql_loop minimal)", loop="minimal"),
     Variant(
-        "contract-minimal", "the spec's columns, guard, unique lane index and idempotency key", loop="contract-minimal"
+        "contract-minimal",
+        "the schema contract's columns, guard, unique lane index and idempotency key",
+        loop="contract-minimal",
     ),
     Variant(
         "contract-minimal-payload", "the same with a 500-byte payload", loop="contract-minimal", payload=WIDE_PAYLOAD
@@ -443,7 +445,7 @@ def median(values: list[float]) -> float:
 
 def report(runs: dict[str, list[Run]], load: list[str]) -> str:
     base = median([r.backend_us for r in runs.get("outbox", [])])
-    spec = median([r.backend_us for r in runs.get("contract-minimal", [])])
+    minimal = median([r.backend_us for r in runs.get("contract-minimal", [])])
     lines = [
         "| variant | what | jobs/s | backend CPU µs per action (rounds) | vs outbox | vs contract-minimal"
         " | server CPU µs | HOT updates | WAL bytes per action |",
@@ -454,7 +456,7 @@ def report(runs: dict[str, list[Run]], load: list[str]) -> str:
         rounds = " / ".join(f"{r.backend_us:.0f}" for r in rs)
         lines.append(
             f"| {name} | {BY_NAME[name].what} | {median([r.rate for r in rs]):,.0f} | {cpu:.1f} ({rounds})"
-            f" | {cpu - base:+.1f} | {cpu / spec:.2f}x | {median([r.server_us for r in rs]):.1f}"
+            f" | {cpu - base:+.1f} | {cpu / minimal:.2f}x | {median([r.server_us for r in rs]):.1f}"
             f" | {median([r.hot_share for r in rs]):.0%} | {median([r.wal_bytes for r in rs]):,.0f} |"
         )
     lines += [
