@@ -95,10 +95,8 @@ def list_actions(*, state: bool, kind: bool, before: bool) -> TextClause:
     if before:
         conditions.append("(created_at, id) < (:before_created_at, :before_id)")
     if state:
-        return _newest(" AND ".join(["state = :state", *conditions]))
-    per_state = "\nUNION ALL\n".join(
-        "(" + _newest(" AND ".join([f"state = '{s}'", *conditions])).text.strip() + ")" for s in ActionState
-    )
+        return text(_newest(["state = :state", *conditions]))
+    per_state = "\nUNION ALL\n".join("(" + _newest([f"state = '{s}'", *conditions]) + ")" for s in ActionState)
     return text(f"""
 SELECT {ACTION_COLUMNS} FROM (
 {per_state}
@@ -108,13 +106,11 @@ SELECT {ACTION_COLUMNS} FROM (
 """)
 
 
-def _newest(where: str) -> TextClause:
-    return text(f"""
-SELECT {ACTION_COLUMNS} FROM agent_action
- WHERE {where}
- ORDER BY created_at DESC, id DESC
- LIMIT :limit
-""")
+def _newest(conditions: list[str]) -> str:
+    return (
+        f"SELECT {ACTION_COLUMNS} FROM agent_action\n WHERE {' AND '.join(conditions)}\n"
+        " ORDER BY created_at DESC, id DESC\n LIMIT :limit"
+    )
 
 
 # leases that ran out and that no executor has taken back yet
