@@ -8,7 +8,6 @@ from an index bounded to them instead (ux_agent_action_lane_executing), on a tab
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from typing import Any
 
 from sqlalchemy import Engine, TextClause, text
@@ -18,9 +17,9 @@ from outbox.executor.store import ExecutorStore, Write
 from outbox.store import executor, metrics, operator
 from tests import kinds
 from tests.support import until
+from tests.test_ops_plans import AGENT_ACTION_INDEXES, nodes
 
 ACTIONS = 200
-AGENT_ACTION_INDEXES = ("agent_action_pkey", "ix_agent_action_", "ux_agent_action_")
 
 
 def table_updates(engine: Engine) -> tuple[int, int]:
@@ -84,12 +83,6 @@ def load(engine: Engine) -> None:
         )
     with engine.connect() as conn:
         conn.execution_options(isolation_level="AUTOCOMMIT").execute(text("VACUUM ANALYZE agent_action"))
-
-
-def nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
-    yield plan
-    for child in plan.get("Plans", []):
-        yield from nodes(child)
 
 
 def scans_of_agent_action(engine: Engine, statement: TextClause, params: dict[str, Any]) -> list[tuple[str, str, str]]:
