@@ -24,20 +24,25 @@ import typer
 from typer.exceptions import TyperException
 
 from outbox.cli import changes, db, demo, metrics, nats, ops, prefect, run, worker
+from outbox.cli.help import WholeHelpGroup, help_width
 from outbox.cli.options import hide_passwords, printable, remember_passwords
 from outbox.errors import OutboxError
 
-# a traceback (a fault of outbox's own) never shows local values: a URL and its password are among them
+# a traceback (a fault of outbox's own) never shows local values: a URL and its password are among them;
+# help is plain text that no word is cut from (see outbox.cli.help)
 app = typer.Typer(
+    cls=WholeHelpGroup,
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_show_locals=False,
+    rich_markup_mode=None,
+    context_settings={"terminal_width": help_width()},
     help="Carry out effects reliably from PostgreSQL.",
 )
-app.add_typer(db.app, name="db")
-app.add_typer(metrics.app, name="metrics")
-app.add_typer(nats.app, name="nats")
-app.add_typer(prefect.app, name="prefect")
+app.add_typer(db.app, name="db", cls=WholeHelpGroup)
+app.add_typer(metrics.app, name="metrics", cls=WholeHelpGroup)
+app.add_typer(nats.app, name="nats", cls=WholeHelpGroup)
+app.add_typer(prefect.app, name="prefect", cls=WholeHelpGroup)
 app.command("demo")(demo.demo)
 app.command("run")(run.run)
 app.command("status")(ops.status)
