@@ -16,13 +16,15 @@ import asyncio
 import contextlib
 from dataclasses import dataclass, field
 
-import nats
-import nats.errors
-from nats.aio.client import Client as NATS
-from nats.js import JetStreamContext
-
 from outbox.errors import OutboxError
+from outbox.extras import needs
 from outbox.nats.settings import NatsConfig
+
+with needs("nats"):
+    import nats
+    import nats.errors
+    from nats.aio.client import Client as NATS
+    from nats.js import JetStreamContext
 
 CONNECT_SECONDS = 2.0
 # the longest a JetStream API call (a stream look-up, a message read) may take

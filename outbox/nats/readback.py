@@ -20,12 +20,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from nats.js import JetStreamContext
-from nats.js.api import RetentionPolicy
-from nats.js.errors import NotFoundError
-
 from outbox.executor.attempt import TraceValue
+from outbox.extras import needs
 from outbox.nats.message import MSG_ID_HEADER
+
+with needs("nats"):
+    from nats.js import JetStreamContext
+    from nats.js.api import RetentionPolicy
+    from nats.js.errors import NotFoundError
 
 # JetStream's error code for "no message found" (a stream that is gone answers 10059)
 NO_MESSAGE = 10037

@@ -17,14 +17,16 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-import nats.errors
-from nats.js import JetStreamContext
-from nats.js.api import RetentionPolicy, StorageType, StreamConfig
-from nats.js.errors import NotFoundError
-
 from outbox.errors import OutboxError
+from outbox.extras import needs
 from outbox.nats.client import connect
 from outbox.nats.settings import NatsConfig
+
+with needs("nats"):
+    import nats.errors
+    from nats.js import JetStreamContext
+    from nats.js.api import RetentionPolicy, StorageType, StreamConfig
+    from nats.js.errors import NotFoundError
 
 _NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _TOKEN = re.compile(r"[A-Za-z0-9_-]+|\*")
