@@ -183,8 +183,8 @@ def run_demo(
     except KeyboardInterrupt:
         console.print("stopping")
     finally:
-        with console.status("cancelling the drain runs; stopping every process the demo started"):
-            stack.stop(cancel_drain_runs_first=True)
+        with console.status("the drain runs hand back and end; stopping every process the demo started"):
+            stack.stop()
         engine.dispose()
 
 

@@ -37,6 +37,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Literal
 
+import httpx
 import psutil
 
 from demo.nats import NATS_SERVER, NatsServer
@@ -47,10 +48,6 @@ from outbox.executor.config import DEFAULTS
 
 ROOT = Path(__file__).resolve().parent.parent
 DRAIN_DEPLOYMENT = "outbox-drain/outbox-drain"
-# how long cancelled drain runs get to hand back and end before their workers are stopped
-CANCEL_WAIT_SECONDS = 60.0
-# the states of a flow run that a worker took and that has not ended
-SUBMITTED = ["PENDING", "RUNNING", "CANCELLING", "PAUSED"]
 
 
 def descendants(pid: int) -> list[psutil.Process]:
@@ -207,24 +204,11 @@ class Stack:
         body = {"flow_runs": {"id": {"any_": run_ids}}, "limit": len(run_ids)}
         return list(self.prefect_api("POST", "/flow_runs/filter", body))
 
-    def cancel_drain_runs(self, timeout: float) -> None:
-        """Cancel every outbox-drain run a worker took that has not ended, as an operator would (a cancelled
-        run hands back what it has not fenced, and nothing takes its place), and wait until they ended, for
-        at most `timeout` seconds."""
-        body = {
-            "deployments": {"name": {"any_": [DRAIN_DEPLOYMENT.partition("/")[2]]}},
-            "flow_runs": {"state": {"type": {"any_": SUBMITTED}}},
-        }
-        runs = self.prefect_api("POST", "/flow_runs/filter", body)
-        for run in runs:
-            cancelling = {"state": {"type": "CANCELLING", "message": "The demo ended."}}
-            self.prefect_api("POST", f"/flow_runs/{run['id']}/set_state", cancelling)
-        ids = [run["id"] for run in runs]
-        deadline = time.monotonic() + timeout
-        while ids and any(run["state_type"] in SUBMITTED for run in self.flow_runs(ids)):
-            if time.monotonic() > deadline:
-                return  # stop() hands them back through their workers
-            time.sleep(0.5)
+    def pause_drain(self) -> None:
+        """Pause the outbox-drain deployment, as an operator stopping the drain would: no tick starts a run,
+        and a run stopped with its worker is not replaced (it hands back and ends Completed)."""
+        deployment = self.prefect_api("GET", f"/deployments/name/{DRAIN_DEPLOYMENT}")
+        self.prefect_api("POST", f"/deployments/{deployment['id']}/pause_deployment")
 
     def _has_queue(self, queue: str) -> bool:
         queues = self.prefect_api("POST", "/work_pools/outbox/queues/filter", {})
@@ -355,15 +339,15 @@ class Stack:
         kill_all(children)
         process.wait(10)
 
-    def stop(self, *, cancel_drain_runs_first: bool = False) -> None:
-        """Workers first (their runs hand back what they have not fenced), then everything else; whatever
-        a child started and left behind goes last. With `cancel_drain_runs_first`, the drain runs are
-        cancelled before (nothing replaces them) and given CANCEL_WAIT_SECONDS to end; a Prefect server
-        that does not answer leaves that to the workers. A Ctrl-C meanwhile kills what is left at once."""
+    def stop(self) -> None:
+        """The drain deployment paused, then the workers (their runs hand back what they have not fenced and
+        end Completed, with nothing taking their place), then everything else; whatever a child started and
+        left behind goes last. A Prefect server that does not answer leaves the runs to be replaced, on a
+        stack that is going. A Ctrl-C meanwhile kills what is left at once."""
         try:
-            if cancel_drain_runs_first and self.prefect_url:
-                with contextlib.suppress(OSError):
-                    self.cancel_drain_runs(CANCEL_WAIT_SECONDS)
+            if self.prefect_url and "prefect-server" in self.processes:
+                with contextlib.suppress(httpx.HTTPError):
+                    self.pause_drain()
             self._stop_in_order()
         except KeyboardInterrupt:
             for name in list(self.processes):

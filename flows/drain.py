@@ -4,6 +4,8 @@
                   ├─ once claiming: tag the run kind:<KIND> and env:<environment>
                   ├─ every 2 s: the deployment's claiming runs, newest first, and the pool's ONLINE workers;
                   │  a run with as many newer runs as there are workers hands over (stops its executor)
+                  ├─ once claiming, then every 30 s: the live view (flows.live): the attempts so far, the
+                  │  backlog and the deepest lanes, in an artifact updated in place and a log line a minute
                   ├─ each action ended UNCERTAIN or FAILED, of any kind ──▶ one Prefect event
                   └─▶ one INFO summary line; a table artifact only when the run attempted something
 
@@ -25,7 +27,8 @@ their lanes, fenced ones finish inside their window, and the run ends Completed.
 stops (not a cancelled one) first starts a run to take its place and, when another worker of its pool is
 ONLINE to take that run, keeps its executor until that run claims (at most 30 s), so a restart never leaves
 the executors short by the runs it held. With no other worker ONLINE it stops at once: its replacement waits
-for the next worker to start. Each run is a fresh subprocess, which is why the metrics live in the database.
+for the next worker to start. While the deployment is paused (how the whole drain is stopped: no tick starts a
+run), a stopped run is not replaced. Each run is a fresh subprocess, which is why the metrics live in the database.
 
 Events: `outbox.action.uncertain` and `outbox.action.failed`, one rule for every kind (an email, a webhook, an
 event). The resource is the action (`outbox.action.<id>`) with its kind, state and reason, and one label
@@ -73,6 +76,8 @@ from outbox.kind_rows import require_declared
 from outbox.ops import lanes
 from outbox.settings import load_settings
 from outbox.webhook.endpoints import add_secret_source, registered_endpoints
+
+from .live import show_live
 
 # how often a run looks for its successor; a handover overlaps by at most this much plus the hand-back
 HANDOVER_CHECK_SECONDS = 2.0
@@ -166,6 +171,7 @@ async def _drain(
             asyncio.create_task(_stop_on(stop_requested, executor, logger)),
             asyncio.create_task(tag_when_claiming(executor, settings.environment, logger)),
             asyncio.create_task(hand_over_when_relieved(executor, logger)),
+            asyncio.create_task(show_live(executor, engine, logger)),
         ]
         try:
             outcomes = await executor.run(max_actions=max_actions, max_seconds=max_seconds)
@@ -210,11 +216,12 @@ async def _stop_on(stop_requested: asyncio.Event, executor: Executor, logger: An
 
 
 async def replace_before_stopping(logger: Any) -> None:
-    """A deployment run stopped by its worker (not cancelled) drops its `kind:` tags (the relay no longer
-    counts it), asks for a run to take its place now and, when another worker of its pool is ONLINE, keeps
-    its executor until that run claims, for at most REPLACEMENT_WAIT_SECONDS: a replica restarted while it
-    holds every executor leaves none missing. Its own worker takes no new run while it stops, so another
-    replica takes the replacement; with none ONLINE, the next worker to start takes it."""
+    """A deployment run stopped by its worker (not cancelled, its deployment not paused) drops its `kind:`
+    tags (the relay no longer counts it), asks for a run to take its place now and, when another worker of
+    its pool is ONLINE, keeps its executor until that run claims, for at most REPLACEMENT_WAIT_SECONDS: a
+    replica restarted while it holds every executor leaves none missing. Its own worker takes no new run
+    while it stops, so another replica takes the replacement; with none ONLINE, the next worker to start
+    takes it."""
     me = deployment_run()
     if me is None:
         return
@@ -225,6 +232,9 @@ async def replace_before_stopping(logger: Any) -> None:
         await client.update_flow_run(me.id, tags=[tag for tag in current.tags if not tag.startswith(CLAIMING_TAG)])
         if current.state is not None and current.state.type == StateType.CANCELLING:
             return  # cancelled by an operator: nothing takes its place
+        if (await client.read_deployment(me.deployment_id)).paused:
+            logger.info("stopping: the deployment is paused, so no run takes this one's place")
+            return
         replacement = await client.create_flow_run_from_deployment(me.deployment_id)
         if not await other_workers_online(client, me.work_pool_name):
             logger.info(
