@@ -33,7 +33,15 @@ from outbox.errors import InvalidRequest
 from outbox.executor import Abandoned, ActionAttempt, Done, Executor, Result
 from outbox.kinds import ActionKind
 from outbox.masking import MASK
-from outbox.nats import NatsAdapter, NatsConfig, NatsEvent, enqueue_event, enqueue_event_async, event_token, register
+from outbox.nats import (
+    NatsAdapter,
+    NatsConfig,
+    NatsEvent,
+    enqueue_event,
+    enqueue_event_async,
+    event_token,
+    register_nats_event,
+)
 from outbox.nats.events import check_payload
 from outbox.nats.message import (
     MAX_SUBJECT_LENGTH,
@@ -76,7 +84,7 @@ class OrderCreated(NatsEvent):
         return f"order:{event['order_id']}"
 
 
-ORDER_CREATED = register(OrderCreated())
+ORDER_CREATED = register_nats_event(OrderCreated())
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ from typing import Any
 from sqlalchemy import text
 
 from examples.accounts.notices import positive_id
-from outbox.nats import NatsEvent, register
+from outbox.nats import NatsEvent, register_nats_event
 
 # the stream that holds the application's events, and the subjects it takes
 STREAM = "ACCOUNTS"
@@ -50,4 +50,4 @@ class AlertEvent(NatsEvent):
         return f"workspace:{event['workspace_id']}:event"
 
 
-ALERT_EVENT = register(AlertEvent())
+ALERT_EVENT = register_nats_event(AlertEvent())

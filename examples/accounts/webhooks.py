@@ -18,7 +18,7 @@ from typing import Any
 from sqlalchemy import text
 
 from examples.accounts.notices import positive_id
-from outbox.webhook import WebhookEvent, register, register_endpoint
+from outbox.webhook import WebhookEvent, register_endpoint, register_webhook_event
 
 ALERTS_ENDPOINT = register_endpoint(
     "alerts", os.environ.get("ACCOUNTS_ALERTS_WEBHOOK_URL", "http://127.0.0.1:8080/outbox/alerts")
@@ -50,4 +50,4 @@ class AlertRaised(WebhookEvent):
         return f"workspace:{event['workspace_id']}:webhook"
 
 
-ALERT_RAISED = register(AlertRaised())
+ALERT_RAISED = register_webhook_event(AlertRaised())

@@ -1,7 +1,8 @@
 """NATS JetStream: the NATS_EVENT kind's adapter, its events, and the stream they are published to.
 
-An application defines a `NatsEvent` per type of event, registers it, and enqueues with `enqueue_event`;
-executors run `nats_adapters(engine)`; `outbox nats ensure-stream` makes the stream (docs/nats.md).
+An application defines a `NatsEvent` per type of event, registers it (`register_nats_event`), and
+enqueues with `enqueue_event`; executors run `nats_adapters(engine)`; `outbox nats ensure-stream` makes the
+stream (docs/nats.md).
 
     import outbox ──▶ outbox.nats.kind (NATS_EVENT's declaration; nothing else of this package)
     outbox.nats.<name> ──first use──▶ its module: the events (outbox.nats.events), the message
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
         enqueue_event_async,
         event_named,
         register,
+        register_nats_event,
     )
     from outbox.nats.message import InvalidEvent, event_token
     from outbox.nats.settings import NatsConfig
@@ -48,6 +50,7 @@ _HOMES = {
     "event_token": "outbox.nats.message",
     "nats_adapters": "outbox.nats.adapter",
     "register": "outbox.nats.events",
+    "register_nats_event": "outbox.nats.events",
 }
 
 __all__ = [
@@ -65,6 +68,7 @@ __all__ = [
     "event_token",
     "nats_adapters",
     "register",
+    "register_nats_event",
 ]
 
 

@@ -47,9 +47,9 @@ class PreparedEvent:
 
 
 class NatsEvent(ABC):
-    """One type of event: subclass it once, set the class attributes, write the methods, and `register`
-    an instance in every process that enqueues it or runs the executor (docs/nats.md). `event` is always
-    the JSON object of identifiers the action's payload holds."""
+    """One type of event: subclass it once, set the class attributes, write the methods, and
+    `register_nats_event` an instance in every process that enqueues it or runs the executor (docs/nats.md).
+    `event` is always the JSON object of identifiers the action's payload holds."""
 
     # the event type: the body's "type" and the trace's event_type; never change it while actions of it wait
     name: ClassVar[str]
@@ -127,7 +127,7 @@ class NatsEvent(ABC):
 _EVENTS: dict[str, NatsEvent] = {}
 
 
-def register(event_def: NatsEvent) -> NatsEvent:
+def register_nats_event(event_def: NatsEvent) -> NatsEvent:
     """Make `event_def` known to this process by its name; refuses an invalid name or a second event of one name."""
     name = check_event_type(getattr(event_def, "name", None))
     known = _EVENTS.get(name)
@@ -135,6 +135,10 @@ def register(event_def: NatsEvent) -> NatsEvent:
         raise ValueError(f"a NATS event named {name!r} is already registered")
     _EVENTS[name] = event_def
     return event_def
+
+
+# the earlier name, kept for code written against it; outbox.webhook has its own (register_webhook_event)
+register = register_nats_event
 
 
 def event_named(name: object) -> NatsEvent:

@@ -16,15 +16,13 @@ one). Errors name what was wrong.
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 from collections.abc import Mapping
-from datetime import UTC, date, datetime, time
-from decimal import Decimal
+from datetime import UTC, datetime
 from typing import Any
-from uuid import UUID
 
 from outbox.errors import InvalidRequest
+from outbox.event_data import UnwritableData, dumped
 
 MAX_MESSAGE_BYTES = 1 << 20
 MAX_SUBJECT_LENGTH = 128
@@ -94,20 +92,17 @@ def headers_size(headers: Mapping[str, str]) -> int:
 
 def message_body(event_type: str, token: str, data: Mapping[str, Any], at: datetime) -> bytes:
     """`{"type", "id", "time", "data"}` as compact UTF-8 JSON; InvalidEvent when `data` is no JSON object
-    (NaN, a value JSON has no form for) or the message exceeds 1 MiB. What a query row holds is written as
-    PostgreSQL gives it: a timestamp, date or time in ISO 8601, a numeric as its exact decimal text, a uuid
-    as its text."""
+    (NaN, a value JSON has no form for: named by its key and type) or the message exceeds 1 MiB. What a
+    query row holds is written as outbox.event_data does for both event kinds: a timestamp, date or time in
+    ISO 8601, a numeric as its exact decimal text, a uuid as its text."""
     if not isinstance(data, Mapping):
         raise InvalidEvent(
             "data", f"compose must return a mapping (the body's data) or None, not {type(data).__name__}"
         )
-    body = {"type": event_type, "id": token, "time": _utc(at), "data": dict(data)}
     try:
-        encoded = json.dumps(
-            body, separators=(",", ":"), ensure_ascii=False, allow_nan=False, default=_row_value
-        ).encode()
-    except (TypeError, ValueError, UnicodeEncodeError, RecursionError) as error:
-        raise InvalidEvent("data", f"cannot be written as JSON ({type(error).__name__})") from None
+        encoded = dumped({"type": event_type, "id": token, "time": _utc(at), "data": dict(data)})
+    except UnwritableData as unwritable:
+        raise InvalidEvent("data", f"cannot be written as JSON: {unwritable.where}") from None
     check_size(len(encoded), message_headers(token), MAX_MESSAGE_BYTES)
     return encoded
 
@@ -117,17 +112,6 @@ def check_size(body_bytes: int, headers: Mapping[str, str], limit: int) -> None:
     size = body_bytes + headers_size(headers)
     if size > limit:
         raise InvalidEvent("data", f"the message would be {size} bytes with its headers; the limit is {limit}")
-
-
-def _row_value(value: object) -> str:
-    """The JSON text of a value a query row holds that JSON has no form for; TypeError for anything else."""
-    if isinstance(value, datetime | date | time):
-        return value.isoformat()
-    if isinstance(value, Decimal) and value.is_finite():
-        return str(value)
-    if isinstance(value, UUID):
-        return str(value)
-    raise TypeError(f"{type(value).__name__} has no JSON form")
 
 
 def _utc(at: datetime) -> str:

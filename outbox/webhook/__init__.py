@@ -1,7 +1,7 @@
 """Webhooks: the WEBHOOK kind's adapter, its endpoints, its events and the signed message it sends.
 
 An application registers its endpoints (`register_endpoint`) and an event type per kind of webhook
-(`WebhookEvent`, `register`), and enqueues with `enqueue_webhook`; executors run
+(`WebhookEvent`, `register_webhook_event`), and enqueues with `enqueue_webhook`; executors run
 `webhook_adapters(engine)` (`outbox run --adapters outbox.webhook:webhook_adapters`, from a module that
 registers them first).
 
@@ -37,6 +37,7 @@ if TYPE_CHECKING:
         enqueue_webhook_async,
         event_named,
         register,
+        register_webhook_event,
     )
     from outbox.webhook.message import BODY_LIMIT, InvalidBody, webhook_id
 
@@ -59,6 +60,7 @@ _HOMES = {
     "event_named": "outbox.webhook.events",
     "register": "outbox.webhook.events",
     "register_endpoint": "outbox.webhook.endpoints",
+    "register_webhook_event": "outbox.webhook.events",
     "webhook_adapters": "outbox.webhook.adapter",
     "webhook_id": "outbox.webhook.message",
 }
@@ -81,6 +83,7 @@ __all__ = [
     "event_named",
     "register",
     "register_endpoint",
+    "register_webhook_event",
     "webhook_adapters",
     "webhook_id",
 ]

@@ -44,7 +44,7 @@ class UnknownEvent(OutboxError, LookupError):
 
 class WebhookEvent(ABC):
     """One type of webhook: subclass it once, set the class attributes, write the four methods, and
-    `register` an instance in every process that enqueues it or runs the executor (docs/webhooks.md).
+    `register_webhook_event` an instance in every process that enqueues it or runs the executor (docs/webhooks.md).
     `event` is always the JSON object of identifiers the action's payload holds."""
 
     # the event type, the body's "type" (invoice.paid); never change it while actions of it may be pending
@@ -103,7 +103,7 @@ class WebhookEvent(ABC):
 _EVENTS: dict[str, WebhookEvent] = {}
 
 
-def register(event: WebhookEvent) -> WebhookEvent:
+def register_webhook_event(event: WebhookEvent) -> WebhookEvent:
     """Add an event type; its endpoint must be registered first. ValueError names what is wrong."""
     name = getattr(event, "name", None)
     if not isinstance(name, str) or not _TYPE.fullmatch(name):
@@ -124,6 +124,10 @@ def register(event: WebhookEvent) -> WebhookEvent:
         raise ValueError(f"name: a webhook event named {name!r} is already registered")
     _EVENTS[name] = event
     return event
+
+
+# the earlier name, kept for code written against it; outbox.nats has its own (register_nats_event)
+register = register_webhook_event
 
 
 def event_named(name: object) -> WebhookEvent:

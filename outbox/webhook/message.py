@@ -2,19 +2,19 @@
 
     idempotency key ──sha256──▶ webhook-id `msg_<digest>` (the same for every attempt, on every replica)
     event type, compose's data, now ──▶ body: compact JSON {"type", "timestamp", "data"} ─ > BODY_LIMIT,
-                                                                                          or not JSON ─▶ InvalidBody
+                                                                     or a value JSON cannot write ─▶ InvalidBody
     webhook-id, now, body, secret ──▶ headers: webhook-id, webhook-timestamp, webhook-signature (v1),
                                       content-type, user-agent
 
 The receiver deduplicates by webhook-id, so an attempt after an unclear answer sends the same id with a
-fresh timestamp and signature. Errors name the event type, never the data.
+fresh timestamp and signature. Errors name the event type and where in the data a value could not be
+written (its key and its type), never a value.
 """
 
 from __future__ import annotations
 
 import hashlib
 import importlib.metadata
-import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -24,6 +24,7 @@ from typing import Any
 from standardwebhooks import Webhook
 
 from outbox.errors import OutboxError
+from outbox.event_data import UnwritableData, dumped
 
 # the largest body sent, in bytes
 BODY_LIMIT = 256 * 1024
@@ -46,15 +47,14 @@ def webhook_id(idempotency_key: str) -> str:
 
 
 def body(event_type: str, data: Mapping[str, Any], now: datetime) -> bytes:
-    """The compact JSON body; InvalidBody when `data` is not a JSON object or the body exceeds BODY_LIMIT."""
+    """The compact JSON body, the data's timestamps, numerics and uuids written as the NATS_EVENT kind writes
+    them (outbox.event_data); InvalidBody naming the first value JSON cannot write, or a body over BODY_LIMIT."""
     if not isinstance(data, Mapping):
         raise InvalidBody(f"the {event_type} event's data must be a mapping, not a {type(data).__name__}")
-    envelope = {"type": event_type, "timestamp": rfc3339(now), "data": dict(data)}
     try:
-        text = json.dumps(envelope, ensure_ascii=False, allow_nan=False, separators=(",", ":"), default=_refused)
-        encoded = text.encode()
-    except (TypeError, ValueError, RecursionError, UnicodeError) as error:
-        raise InvalidBody(f"the {event_type} event's data cannot be written as JSON ({type(error).__name__})") from None
+        encoded = dumped({"type": event_type, "timestamp": rfc3339(now), "data": dict(data)})
+    except UnwritableData as unwritable:
+        raise InvalidBody(f"the {event_type} event's data cannot be written as JSON: {unwritable.where}") from None
     if len(encoded) > BODY_LIMIT:
         raise InvalidBody(f"the {event_type} event's body is {len(encoded)} bytes, more than {BODY_LIMIT}")
     return encoded
@@ -77,7 +77,3 @@ def signed(msg_id: str, now: datetime, payload: bytes, signer: Webhook) -> Signe
 def rfc3339(now: datetime) -> str:
     """`now` in UTC as RFC 3339 with microseconds: 2026-12-01T09:42:14.618000Z."""
     return now.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-def _refused(value: object) -> Any:
-    raise TypeError(f"a {type(value).__name__} is not JSON")
