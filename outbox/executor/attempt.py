@@ -33,6 +33,7 @@ import re
 from collections.abc import Mapping
 from typing import Protocol
 
+from outbox import tracing
 from outbox.errors import OutboxError
 from outbox.executor.claimed import ClaimedAction
 from outbox.executor.config import WRITE_WINDOW_SECONDS
@@ -87,6 +88,7 @@ class Fence:
             return attempt.window
         sent_at = asyncio.get_running_loop().time()
         refusal = await attempt.committer.begin_write(attempt.action, attempt.noted_trace())
+        tracing.fence_event(refusal)
         if refusal is not None:
             raise FenceRefused(attempt.action.id, refusal)
         attempt.window = WriteWindow(attempt.action.id, sent_at + WRITE_WINDOW_SECONDS)

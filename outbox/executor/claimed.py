@@ -33,6 +33,8 @@ class ClaimedAction:
     pickup_seconds: float | None = None
     # the trace earlier attempts noted (outbox.executor.attempt), as the claim found it
     trace: dict[str, Any] | None = None
+    # the W3C trace context of the code that enqueued it (outbox.tracing), as stored; None: none was active
+    trace_context: Any = None
 
 
 @dataclass(frozen=True)

@@ -41,6 +41,7 @@ from typing import TypeVar
 import psycopg
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from outbox import tracing
 from outbox.connection import behind_pooler, connect_async
 from outbox.db import conninfo, fault_text, url_conninfo
 from outbox.executor.adapter import ActionAdapter
@@ -288,6 +289,27 @@ class Executor:
 
     async def _carry_out(self, attempt: ActionAttempt, started: float) -> None:
         action = attempt.action
+        with tracing.attempt_span(
+            f"{action.kind.name} attempt", action.id, action.trace_context, self._span_attributes(action)
+        ) as span:
+            result = await self._result_of(attempt)
+            write, recorded = await self._record(attempt, result, started)
+            span.finish(*_span_outcome(attempt, result, write, recorded=recorded))
+
+    def _span_attributes(self, action: ClaimedAction) -> dict[str, tracing.AttributeValue]:
+        """What an attempt's span says from its start: never the lane key, which may name a person."""
+        return {
+            "outbox.action.id": action.id,
+            "outbox.action.kind": action.kind.name,
+            "outbox.attempt": action.attempt,
+            "outbox.max_attempts": action.max_attempts,
+            "outbox.epoch": action.epoch,
+            "outbox.executor.id": self.executor_id,
+        }
+
+    async def _result_of(self, attempt: ActionAttempt) -> Result:
+        """The adapter's result, or the one the executor decides for an exception it raised."""
+        action = attempt.action
         adapter = self._adapters[action.kind.name]
         try:
             result: Result = await adapter.execute(attempt)
@@ -319,9 +341,10 @@ class Executor:
                 result = Retry(f"the adapter raised {type(error).__name__} before its fence")
         if isinstance(result, Abandoned) and not attempt.fenced and self._stopping:
             result = Defer(0.0, _STOPPING)  # hand it back to its lane: the attempt does not count
-        await self._record(attempt, result, started)
+        return result
 
-    async def _record(self, attempt: ActionAttempt, result: Result, started: float) -> None:
+    async def _record(self, attempt: ActionAttempt, result: Result, started: float) -> tuple[FinishWrite | None, bool]:
+        """Write the result (through the committer) and count it; what it wrote, and whether it took effect."""
         action = attempt.action
         write = finish_write(action, result, fenced=attempt.fenced)
         assert self._committer is not None
@@ -338,6 +361,22 @@ class Executor:
                 result_name(result),
                 action.epoch,
             )
+        return write, recorded
+
+
+def _span_outcome(
+    attempt: ActionAttempt, result: Result, write: FinishWrite | None, *, recorded: bool
+) -> tuple[dict[str, tracing.AttributeValue | None], str | None]:
+    """An attempt span's closing attributes, and its error (UNCERTAIN or FAILED: the result's reason)."""
+    attributes: dict[str, tracing.AttributeValue | None] = {
+        "outbox.result": result_name(result),
+        "outbox.recorded": recorded,
+        "outbox.state": str(write.state) if write is not None else None,
+        "outbox.stop_reason": str(write.stop_reason) if write is not None and write.stop_reason else None,
+    }
+    attributes |= {f"outbox.trace.{name}": value for name, value in attempt.trace.items()}
+    failed = write is not None and write.state in (ActionState.UNCERTAIN, ActionState.FAILED)
+    return attributes, (write.last_error or write.state) if failed and write is not None else None
 
 
 def _uncertain_after_error(reason: str) -> Uncertain:

@@ -31,6 +31,9 @@ read-back needs to prove an absence, and what an operator searches the stream fo
 |           |   absent, and the horizon passed (cannot be proven)            | Uncertain PROVIDER_UNCERTAIN    |
 |           |   cannot look                                                  | Retry; Uncertain at the last    |
 
+With OpenTelemetry (`outbox.tracing`) the publish is a span of its own under the attempt's, and the message
+carries its W3C `traceparent` (and `tracestate`) headers: a consumer may continue the trace.
+
 No acknowledgement is never taken as proof of absence. A Retry after the fence clears the action's mark
 of a write, so read-back runs whenever the action was claimed before (`attempt.claimed_before()`), not only
 when that mark is set. Results carry stage names, subjects, stream names and codes, never data.
@@ -48,6 +51,7 @@ from nats.js.api import PubAck
 from nats.js.errors import APIError, NoStreamResponseError, NotFoundError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from outbox import tracing
 from outbox.executor import ActionAdapter, ActionAttempt, Cancelled, Done, Failed, Result, Retry, Uncertain
 from outbox.executor.attempt import WriteWindow
 from outbox.kinds import ActionKind
@@ -130,7 +134,8 @@ class NatsAdapter:
             if unpublishable is not None:
                 return unpublishable
             assert prepared is not None
-            headers = {**message_headers(token), "Nats-Expected-Stream": stream}
+            # the attempt's trace context, as long as the publish's own that replaces it: the size holds
+            headers = {**message_headers(token), "Nats-Expected-Stream": stream, **tracing.context_headers()}
             check_size(len(prepared.body), headers, min(client.max_payload, MAX_MESSAGE_BYTES))
             stage = "stream"
             floor = await self._floor(client, stream)
@@ -181,9 +186,11 @@ class NatsAdapter:
     ) -> Result:
         timeout = min(self.config.publish_timeout_seconds, window.check())
         try:
-            ack = await _until_lost(
-                client, client.js.publish(prepared.subject, prepared.body, timeout=timeout, headers=headers), timeout
-            )
+            with tracing.provider_call(f"{NATS_EVENT.name} publish", producer=True) as trace_headers:
+                publish = client.js.publish(
+                    prepared.subject, prepared.body, timeout=timeout, headers={**headers, **trace_headers}
+                )
+                ack = await _until_lost(client, publish, timeout)
         except NoStreamResponseError:
             self._forget(stream)
             return Retry(f"publish: no responders for {prepared.subject}: no stream stored it")
