@@ -46,14 +46,12 @@ import contextlib
 from collections.abc import Coroutine
 from typing import Any
 
-import nats.errors
-from nats.js.api import PubAck
-from nats.js.errors import APIError, NoStreamResponseError, NotFoundError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from outbox import tracing
 from outbox.executor import ActionAdapter, ActionAttempt, Cancelled, Done, Failed, Result, Retry, Uncertain
 from outbox.executor.attempt import WriteWindow
+from outbox.extras import needs
 from outbox.kinds import ActionKind
 from outbox.nats.client import CannotReach, NatsClient, connect
 from outbox.nats.events import NatsEvent, PreparedEvent, event_of
@@ -69,6 +67,11 @@ from outbox.nats.message import (
 )
 from outbox.nats.readback import Absent, Found, Unprovable, look, noted_floor
 from outbox.nats.settings import NatsConfig, load_config
+
+with needs("nats"):
+    import nats.errors
+    from nats.js.api import PubAck
+    from nats.js.errors import APIError, NoStreamResponseError, NotFoundError
 
 # what a failed look-up or publish may raise: nats-py's errors (JetStream's among them), the socket's, a timeout
 _CLIENT_ERRORS = (nats.errors.Error, OSError, TimeoutError)
