@@ -1,4 +1,4 @@
--- outbox's schema at revision 0014, as PostgreSQL 18 dumps it. Generated from the migrations
+-- outbox's schema at revision 0015, as PostgreSQL 18 dumps it. Generated from the migrations
 -- by `python -m tests.schema_dump`; do not edit: the revisions in migrations/versions/ are the source.
 
 --
@@ -18,6 +18,54 @@ SET client_min_messages = warning;
 SET row_security = off;
 
 --
+-- Name: after_agent_action_delete(); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.after_agent_action_delete() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    lanes text[];
+BEGIN
+    SELECT array_agg(DISTINCT lane_key) INTO lanes FROM old_rows WHERE lane_head;
+    IF lanes IS NOT NULL THEN
+        PERFORM hold_agent_lanes(lanes);
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+--
+-- Name: after_agent_action_update(); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.after_agent_action_update() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    lanes text[];
+BEGIN
+    WITH moved AS MATERIALIZED (
+        SELECT n.kind, n.state, n.stop_reason, n.lane_key, o.lane_head AS held, n.lane_head AS holds,
+               o.state AS was
+          FROM new_rows AS n JOIN old_rows AS o ON o.id = n.id
+         WHERE n.state <> o.state
+    ), tallied AS (
+        INSERT INTO agent_action_ended_tally (kind, state, reason, n)
+        SELECT kind, state, stop_reason, count(*) FROM moved
+         WHERE state IN ('DONE', 'UNCERTAIN', 'FAILED', 'CANCELLED')
+         GROUP BY kind, state, stop_reason
+    )
+    SELECT array_agg(DISTINCT lane_key) FILTER (WHERE (held AND NOT holds) OR (was = 'EXECUTING' AND state = 'ADMITTED'))
+      INTO lanes FROM moved;
+    IF lanes IS NOT NULL THEN
+        PERFORM hold_agent_lanes(lanes);
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+--
 -- Name: guard_agent_action(); Type: FUNCTION; Schema: public; Owner: -
 --
 
@@ -30,6 +78,8 @@ DECLARE
     may_run_in_workspace boolean;
     ended CONSTANT text[] := ARRAY['DONE', 'UNCERTAIN', 'FAILED', 'CANCELLED'];
     is_claim boolean;
+    holder_id bigint;
+    holder_state text;
 BEGIN
     IF TG_OP = 'INSERT' THEN
         IF NEW.state NOT IN ('PROPOSED', 'ADMITTED') THEN
@@ -51,6 +101,28 @@ BEGIN
         IF NEW.workspace_id IS NOT NULL AND NOT may_run_in_workspace THEN
             RAISE EXCEPTION 'agent_action: % is not workspace level (agent_action_kind.workspace_level): it takes no workspace_id',
                 NEW.kind USING ERRCODE = 'check_violation';
+        END IF;
+
+        -- The lane's holder. The lane lock first, held until this transaction ends; then the holder in a new
+        -- snapshot, which sees every holder committed before we got the lock (and the rows this statement
+        -- inserted before this one).
+        NEW.lane_head := false;
+        PERFORM pg_advisory_xact_lock(1818324581, hashtext(NEW.lane_key));
+        SELECT h.id, h.state INTO holder_id, holder_state
+          FROM agent_action AS h WHERE h.lane_key = NEW.lane_key AND h.lane_head;
+        IF NOT FOUND THEN
+            NEW.lane_head := true;
+        ELSIF holder_state <> 'EXECUTING' AND holder_id > NEW.id
+              AND NOT EXISTS (SELECT 1 FROM agent_action AS d WHERE d.idempotency_key = NEW.idempotency_key) THEN
+            -- an earlier action (its transaction took its id first, and committed later) holds the lane
+            -- before a later one that has not started; a repeated key inserts nothing, so it takes nothing
+            UPDATE agent_action SET lane_head = false
+             WHERE id = holder_id AND lane_head AND state IN ('PROPOSED', 'ADMITTED');
+            NEW.lane_head := FOUND;
+        END IF;
+        -- a lane that may start now wakes the idle executors when this transaction commits
+        IF NEW.lane_head AND NEW.state = 'ADMITTED' AND NEW.due_at <= now() THEN
+            PERFORM pg_notify('outbox_action', '');
         END IF;
         RETURN NEW;
     END IF;
@@ -112,6 +184,7 @@ BEGIN
         NEW.ended_at := now();
         NEW.payload := NULL;
         NEW.lease_expires_at := NULL;
+        NEW.lane_head := false;
     ELSIF NEW.state <> 'EXECUTING' THEN
         NEW.lease_expires_at := NULL;
     END IF;
@@ -120,167 +193,41 @@ END
 $$;
 
 --
--- Name: refresh_agent_lanes(text[]); Type: FUNCTION; Schema: public; Owner: -
+-- Name: hold_agent_lanes(text[]); Type: FUNCTION; Schema: public; Owner: -
 --
 
-CREATE FUNCTION public.refresh_agent_lanes(lanes text[]) RETURNS void
+CREATE FUNCTION public.hold_agent_lanes(lanes text[]) RETURNS void
     LANGUAGE plpgsql
     AS $$
 DECLARE
-    locked integer;
+    holders bigint[];
     wake boolean;
 BEGIN
-    LOOP
-        INSERT INTO agent_lane (lane_key) SELECT k FROM unnest(lanes) AS k ORDER BY k
-            ON CONFLICT (lane_key) DO NOTHING;
-        SELECT count(*) INTO locked FROM (
-            SELECT 1 FROM agent_lane WHERE lane_key = ANY (lanes) ORDER BY lane_key FOR UPDATE
-        ) AS held;
-        -- a lane row deleted by a transaction that committed meanwhile: insert it again
-        EXIT WHEN locked = cardinality(lanes);
-    END LOOP;
-
-    -- a new statement, so a new snapshot: it sees every change committed before we got the locks
-    WITH found AS MATERIALIZED (
-        SELECT k.lane_key, h.id AS head_id, e.lane_key IS NOT NULL AS executing,
-               CASE WHEN h.state = 'ADMITTED' AND e.lane_key IS NULL THEN h.due_at END AS ready_at
-          FROM unnest(lanes) AS k (lane_key)
-          LEFT JOIN LATERAL (
-            SELECT p.id, p.state, p.due_at FROM agent_action AS p
-             WHERE p.lane_key = k.lane_key AND p.state IN ('PROPOSED', 'ADMITTED')
-             ORDER BY p.id LIMIT 1
-          ) AS h ON true
-          LEFT JOIN LATERAL (
-            SELECT x.lane_key FROM agent_action AS x
-             WHERE x.lane_key = k.lane_key AND x.state = 'EXECUTING'
-             LIMIT 1
-          ) AS e ON true
-    ), emptied AS (
-        DELETE FROM agent_lane AS l USING found AS f
-         WHERE l.lane_key = f.lane_key AND f.head_id IS NULL AND NOT f.executing
-    ), changed AS (
-        UPDATE agent_lane AS l SET head_id = f.head_id, executing = f.executing, ready_at = f.ready_at
-          FROM found AS f
-         WHERE l.lane_key = f.lane_key AND (f.head_id IS NOT NULL OR f.executing)
-           AND (l.head_id, l.executing, l.ready_at) IS DISTINCT FROM (f.head_id, f.executing, f.ready_at)
+    PERFORM pg_advisory_xact_lock(1818324581, h)
+       FROM (SELECT DISTINCT hashtext(k) AS h FROM unnest(lanes) AS k) AS locks ORDER BY h;
+    SELECT array_agg(coalesce(x.id, p.id)) FILTER (WHERE coalesce(x.id, p.id) IS NOT NULL) INTO holders
+      FROM unnest(lanes) AS k (lane_key)
+      LEFT JOIN LATERAL (
+        SELECT e.id FROM agent_action AS e WHERE e.lane_key = k.lane_key AND e.state = 'EXECUTING'
+      ) AS x ON true
+      LEFT JOIN LATERAL (
+        SELECT w.id FROM agent_action AS w
+         WHERE w.lane_key = k.lane_key AND w.state IN ('PROPOSED', 'ADMITTED')
+         ORDER BY w.id LIMIT 1
+      ) AS p ON true;
+    -- a holder that is no longer the rule's (a retried one, with an earlier action not started) lets go first
+    UPDATE agent_action SET lane_head = false
+     WHERE lane_key = ANY (lanes) AND lane_head AND NOT (id = ANY (coalesce(holders, '{}')));
+    WITH marked AS (
+        UPDATE agent_action SET lane_head = true
+         WHERE id = ANY (holders) AND NOT lane_head
+        RETURNING state, due_at
     )
-    SELECT coalesce(bool_or(ready_at <= now()), false) INTO wake FROM found;
-
-    -- a lane that may start now wakes the idle executors when this transaction commits, whoever made
-    -- it ready: an enqueue, an admission, the end of its previous action, a refusal or an erasure
+    SELECT coalesce(bool_or(state = 'ADMITTED' AND due_at <= now()), false) INTO wake FROM marked;
+    -- a lane whose next action may start now wakes the idle executors when this transaction commits
     IF wake THEN
         PERFORM pg_notify('outbox_action', '');
     END IF;
-END
-$$;
-
---
--- Name: tally_agent_action_ended(); Type: FUNCTION; Schema: public; Owner: -
---
-
-CREATE FUNCTION public.tally_agent_action_ended() RETURNS trigger
-    LANGUAGE plpgsql
-    AS $$
-BEGIN
-    INSERT INTO agent_action_ended_tally (kind, state, reason, n)
-    SELECT n.kind, n.state, n.stop_reason, count(*)
-      FROM new_rows AS n JOIN old_rows AS o ON o.id = n.id
-     WHERE n.ended_at IS NOT NULL AND o.ended_at IS NULL
-     GROUP BY n.kind, n.state, n.stop_reason;
-    RETURN NULL;
-END
-$$;
-
---
--- Name: track_agent_lane(); Type: FUNCTION; Schema: public; Owner: -
---
-
-CREATE FUNCTION public.track_agent_lane() RETURNS trigger
-    LANGUAGE plpgsql
-    AS $$
-DECLARE
-    lanes text[];
-    claimed text[];
-    ended text[];
-    wake boolean := false;
-BEGIN
-    IF TG_OP = 'INSERT' THEN
-        -- as revision 0009: a lane with no row gets one made from the new actions alone
-        WITH firsts AS MATERIALIZED (
-            SELECT DISTINCT ON (lane_key) lane_key, id, state, due_at FROM new_rows ORDER BY lane_key, id
-        ), made AS (
-            INSERT INTO agent_lane (lane_key, head_id, executing, ready_at)
-            SELECT lane_key, id, false, CASE WHEN state = 'ADMITTED' THEN due_at END FROM firsts ORDER BY lane_key
-            ON CONFLICT (lane_key) DO NOTHING
-            RETURNING lane_key, ready_at
-        )
-        SELECT array_agg(f.lane_key) FILTER (WHERE m.lane_key IS NULL),
-               coalesce(bool_or(m.ready_at <= now()), false)
-          INTO lanes, wake
-          FROM firsts AS f LEFT JOIN made AS m ON m.lane_key = f.lane_key;
-        IF wake THEN
-            PERFORM pg_notify('outbox_action', '');
-        END IF;
-    ELSIF TG_OP = 'UPDATE' THEN
-        -- each lane's moves in this statement: a lane with exactly one, a claim or an end, is updated from
-        -- that move; every other lane is recomputed
-        WITH moved AS MATERIALIZED (
-            SELECT n.lane_key,
-                   CASE WHEN o.state = 'ADMITTED' AND n.state = 'EXECUTING' THEN 'claim'
-                        WHEN o.state = 'EXECUTING' AND n.state IN ('DONE', 'FAILED', 'UNCERTAIN', 'CANCELLED')
-                            THEN 'end'
-                        ELSE 'other' END AS move,
-                   count(*) OVER (PARTITION BY n.lane_key) AS moves
-              FROM new_rows AS n JOIN old_rows AS o ON o.id = n.id
-             WHERE n.state <> o.state OR n.due_at <> o.due_at
-        )
-        SELECT array_agg(lane_key ORDER BY lane_key) FILTER (WHERE moves = 1 AND move = 'claim'),
-               array_agg(lane_key ORDER BY lane_key) FILTER (WHERE moves = 1 AND move = 'end'),
-               array_agg(DISTINCT lane_key) FILTER (WHERE moves > 1 OR move = 'other')
-          INTO claimed, ended, lanes
-          FROM moved;
-
-        -- a claim: an action of the lane executes now, and the head is the next action not started. The lane
-        -- row exists (the lane has an action not ended): the lock first, then the head in a new snapshot that
-        -- sees every change committed before the lock, as refresh_agent_lanes does
-        IF claimed IS NOT NULL THEN
-            PERFORM 1 FROM agent_lane WHERE lane_key = ANY (claimed) ORDER BY lane_key FOR UPDATE;
-            UPDATE agent_lane AS l
-               SET executing = true, ready_at = NULL,
-                   head_id = (SELECT p.id FROM agent_action AS p
-                               WHERE p.lane_key = l.lane_key AND p.state IN ('PROPOSED', 'ADMITTED')
-                               ORDER BY p.id LIMIT 1)
-             WHERE l.lane_key = ANY (claimed);
-        END IF;
-
-        -- an end: nothing of the lane executes any more (one executing action per lane at most); the head is
-        -- unchanged, ready at its due time if it is ADMITTED; a lane with no head has nothing left
-        IF ended IS NOT NULL THEN
-            PERFORM 1 FROM agent_lane WHERE lane_key = ANY (ended) ORDER BY lane_key FOR UPDATE;
-            WITH emptied AS (
-                DELETE FROM agent_lane WHERE lane_key = ANY (ended) AND head_id IS NULL
-            ), waiting AS (
-                UPDATE agent_lane AS l
-                   SET executing = false,
-                       ready_at = (SELECT CASE WHEN h.state = 'ADMITTED' THEN h.due_at END
-                                     FROM agent_action AS h WHERE h.id = l.head_id)
-                 WHERE l.lane_key = ANY (ended) AND l.head_id IS NOT NULL
-                RETURNING l.ready_at
-            )
-            SELECT coalesce(bool_or(ready_at <= now()), false) INTO wake FROM waiting;
-            -- the lane's next action may start now: wake the idle executors when this transaction commits
-            IF wake THEN
-                PERFORM pg_notify('outbox_action', '');
-            END IF;
-        END IF;
-    ELSE
-        SELECT array_agg(DISTINCT lane_key) INTO lanes
-          FROM old_rows WHERE state IN ('PROPOSED', 'ADMITTED', 'EXECUTING');
-    END IF;
-    IF lanes IS NOT NULL THEN
-        PERFORM refresh_agent_lanes(lanes);
-    END IF;
-    RETURN NULL;
 END
 $$;
 
@@ -314,6 +261,7 @@ CREATE TABLE public.agent_action (
     ended_at timestamp with time zone,
     last_error text,
     trace jsonb,
+    lane_head boolean DEFAULT false NOT NULL,
     CONSTRAINT ck_agent_action_attempt CHECK (((attempt >= 0) AND (attempt <= max_attempts))),
     CONSTRAINT ck_agent_action_ended_at CHECK (((ended_at IS NULL) = (stop_reason IS NULL))),
     CONSTRAINT ck_agent_action_idempotency_key CHECK ((idempotency_key <> ''::text)),
@@ -451,18 +399,6 @@ CREATE TABLE public.agent_executor (
 );
 
 --
--- Name: agent_lane; Type: TABLE; Schema: public; Owner: -
---
-
-CREATE TABLE public.agent_lane (
-    lane_key text NOT NULL,
-    head_id bigint,
-    executing boolean DEFAULT false NOT NULL,
-    ready_at timestamp with time zone
-)
-WITH (fillfactor='70', autovacuum_vacuum_scale_factor='0.01', autovacuum_analyze_scale_factor='0.02');
-
---
 -- Name: agent_maintenance; Type: TABLE; Schema: public; Owner: -
 --
 
@@ -523,13 +459,6 @@ ALTER TABLE ONLY public.agent_executor
     ADD CONSTRAINT agent_executor_pkey PRIMARY KEY (executor_id);
 
 --
--- Name: agent_lane agent_lane_pkey; Type: CONSTRAINT; Schema: public; Owner: -
---
-
-ALTER TABLE ONLY public.agent_lane
-    ADD CONSTRAINT agent_lane_pkey PRIMARY KEY (lane_key);
-
---
 -- Name: agent_maintenance agent_maintenance_pkey; Type: CONSTRAINT; Schema: public; Owner: -
 --
 
@@ -575,6 +504,12 @@ CREATE INDEX ix_agent_action_expires ON public.agent_action USING btree (expires
 CREATE INDEX ix_agent_action_lane_pending ON public.agent_action USING btree (lane_key, id) WHERE (state = ANY (ARRAY['PROPOSED'::text, 'ADMITTED'::text]));
 
 --
+-- Name: ix_agent_action_ready; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX ix_agent_action_ready ON public.agent_action USING btree (due_at) WHERE (lane_head AND (state = 'ADMITTED'::text));
+
+--
 -- Name: ix_agent_action_state_created; Type: INDEX; Schema: public; Owner: -
 --
 
@@ -593,52 +528,40 @@ CREATE INDEX ix_agent_action_subject ON public.agent_action USING btree (subject
 CREATE INDEX ix_agent_action_uncertain ON public.agent_action USING btree (ended_at) INCLUDE (kind, stop_reason) WHERE (state = 'UNCERTAIN'::text);
 
 --
--- Name: ix_agent_lane_ready; Type: INDEX; Schema: public; Owner: -
---
-
-CREATE INDEX ix_agent_lane_ready ON public.agent_lane USING btree (ready_at) WHERE (ready_at IS NOT NULL);
-
---
 -- Name: ux_agent_action_lane_executing; Type: INDEX; Schema: public; Owner: -
 --
 
 CREATE UNIQUE INDEX ux_agent_action_lane_executing ON public.agent_action USING btree (lane_key) WHERE (state = 'EXECUTING'::text);
 
 --
+-- Name: ux_agent_action_lane_head; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE UNIQUE INDEX ux_agent_action_lane_head ON public.agent_action USING btree (lane_key) WHERE lane_head;
+
+--
+-- Name: agent_action after_agent_action_delete; Type: TRIGGER; Schema: public; Owner: -
+--
+
+CREATE TRIGGER after_agent_action_delete AFTER DELETE ON public.agent_action REFERENCING OLD TABLE AS old_rows FOR EACH STATEMENT EXECUTE FUNCTION public.after_agent_action_delete();
+
+--
+-- Name: agent_action after_agent_action_update; Type: TRIGGER; Schema: public; Owner: -
+--
+
+CREATE TRIGGER after_agent_action_update AFTER UPDATE ON public.agent_action REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION public.after_agent_action_update();
+
+--
 -- Name: agent_action guard_agent_action; Type: TRIGGER; Schema: public; Owner: -
 --
 
-CREATE TRIGGER guard_agent_action BEFORE UPDATE ON public.agent_action FOR EACH ROW WHEN ((((new.id = old.id) AND (new.kind = old.kind) AND (new.lane_key = old.lane_key) AND (new.idempotency_key = old.idempotency_key) AND (((new.state = 'EXECUTING'::text) AND ((old.state = 'ADMITTED'::text) OR ((old.state = 'EXECUTING'::text) AND (old.write_started_at IS NULL))) AND (new.epoch = (old.epoch + 1)) AND (new.attempt = (old.attempt + 1)) AND (new.lease_expires_at IS NOT NULL)) OR ((new.state = old.state) AND (old.state = ANY (ARRAY['PROPOSED'::text, 'ADMITTED'::text, 'EXECUTING'::text])) AND (new.epoch = old.epoch) AND (new.attempt = old.attempt) AND ((new.state = 'EXECUTING'::text) OR (new.lease_expires_at IS NULL))) OR ((old.state = 'EXECUTING'::text) AND (new.state = 'ADMITTED'::text) AND (new.epoch = old.epoch) AND ((new.attempt = old.attempt) OR (new.attempt = (old.attempt - 1))) AND (new.lease_expires_at IS NULL)) OR ((old.state = 'EXECUTING'::text) AND (new.state = ANY (ARRAY['DONE'::text, 'FAILED'::text, 'UNCERTAIN'::text, 'CANCELLED'::text])) AND (new.epoch = old.epoch) AND (new.attempt = old.attempt) AND (new.stop_reason IS NOT NULL) AND (new.ended_at = now()) AND (new.payload IS NULL) AND (new.lease_expires_at IS NULL)))) IS NOT TRUE)) EXECUTE FUNCTION public.guard_agent_action();
+CREATE TRIGGER guard_agent_action BEFORE UPDATE ON public.agent_action FOR EACH ROW WHEN ((((new.id = old.id) AND (new.kind = old.kind) AND (new.lane_key = old.lane_key) AND (new.idempotency_key = old.idempotency_key) AND (((new.state = 'EXECUTING'::text) AND ((old.state = 'ADMITTED'::text) OR ((old.state = 'EXECUTING'::text) AND (old.write_started_at IS NULL))) AND (new.epoch = (old.epoch + 1)) AND (new.attempt = (old.attempt + 1)) AND (new.lease_expires_at IS NOT NULL)) OR ((new.state = old.state) AND (old.state = ANY (ARRAY['PROPOSED'::text, 'ADMITTED'::text, 'EXECUTING'::text])) AND (new.epoch = old.epoch) AND (new.attempt = old.attempt) AND ((new.state = 'EXECUTING'::text) OR (new.lease_expires_at IS NULL))) OR ((old.state = 'EXECUTING'::text) AND (new.state = 'ADMITTED'::text) AND (new.epoch = old.epoch) AND ((new.attempt = old.attempt) OR (new.attempt = (old.attempt - 1))) AND (new.lease_expires_at IS NULL)) OR ((old.state = 'EXECUTING'::text) AND (new.state = ANY (ARRAY['DONE'::text, 'FAILED'::text, 'UNCERTAIN'::text, 'CANCELLED'::text])) AND (new.epoch = old.epoch) AND (new.attempt = old.attempt) AND (new.stop_reason IS NOT NULL) AND (new.ended_at = now()) AND (new.payload IS NULL) AND (new.lease_expires_at IS NULL) AND (NOT new.lane_head)))) IS NOT TRUE)) EXECUTE FUNCTION public.guard_agent_action();
 
 --
 -- Name: agent_action guard_agent_action_insert; Type: TRIGGER; Schema: public; Owner: -
 --
 
 CREATE TRIGGER guard_agent_action_insert BEFORE INSERT ON public.agent_action FOR EACH ROW EXECUTE FUNCTION public.guard_agent_action();
-
---
--- Name: agent_action tally_agent_action_ended; Type: TRIGGER; Schema: public; Owner: -
---
-
-CREATE TRIGGER tally_agent_action_ended AFTER UPDATE ON public.agent_action REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION public.tally_agent_action_ended();
-
---
--- Name: agent_action track_agent_lane_delete; Type: TRIGGER; Schema: public; Owner: -
---
-
-CREATE TRIGGER track_agent_lane_delete AFTER DELETE ON public.agent_action REFERENCING OLD TABLE AS old_rows FOR EACH STATEMENT EXECUTE FUNCTION public.track_agent_lane();
-
---
--- Name: agent_action track_agent_lane_insert; Type: TRIGGER; Schema: public; Owner: -
---
-
-CREATE TRIGGER track_agent_lane_insert AFTER INSERT ON public.agent_action REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION public.track_agent_lane();
-
---
--- Name: agent_action track_agent_lane_update; Type: TRIGGER; Schema: public; Owner: -
---
-
-CREATE TRIGGER track_agent_lane_update AFTER UPDATE ON public.agent_action REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION public.track_agent_lane();
 
 --
 -- Name: agent_action fk_agent_action_kind; Type: FK CONSTRAINT; Schema: public; Owner: -

@@ -99,14 +99,20 @@ class _Json(variants.Dataquery):
 
 
 # The per-lane drill-down: lane keys never become Prometheus labels; Grafana reads them as outbox_reader.
-LANES_SQL = """SELECT l.lane_key AS lane, count(*) AS depth, l.head_id AS head, h.state AS head_state,
-       extract(epoch FROM now() - h.due_at) AS head_waiting_seconds, l.executing
-  FROM agent_lane AS l
-  JOIN agent_action AS a ON a.lane_key = l.lane_key AND a.state IN ('PROPOSED', 'ADMITTED')
-  JOIN agent_action AS h ON h.id = l.head_id
- GROUP BY l.lane_key, l.head_id, h.state, h.due_at, l.executing
- ORDER BY depth DESC, head_waiting_seconds DESC
- LIMIT 20"""
+# The deepest lanes on ix_agent_action_lane_pending; each one's head is its oldest action not started.
+LANES_SQL = """WITH deepest AS MATERIALIZED (
+    SELECT lane_key, count(*) AS depth FROM agent_action WHERE state IN ('PROPOSED', 'ADMITTED')
+     GROUP BY lane_key ORDER BY depth DESC, lane_key LIMIT 20
+)
+SELECT d.lane_key AS lane, d.depth, h.id AS head, h.state AS head_state,
+       extract(epoch FROM now() - h.due_at) AS head_waiting_seconds,
+       EXISTS (SELECT 1 FROM agent_action AS x WHERE x.lane_key = d.lane_key AND x.state = 'EXECUTING') AS executing
+  FROM deepest AS d
+ CROSS JOIN LATERAL (
+    SELECT p.id, p.state, p.due_at FROM agent_action AS p
+     WHERE p.lane_key = d.lane_key AND p.state IN ('PROPOSED', 'ADMITTED') ORDER BY p.id LIMIT 1
+ ) AS h
+ ORDER BY d.depth DESC, head_waiting_seconds DESC"""
 
 
 # Emails an operator must decide on, newest first: what finds each at the provider (the notice and the

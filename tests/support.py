@@ -49,7 +49,7 @@ def insert_ended(
 
     Their idempotency keys are `key_prefix-1`, `key_prefix-2`, ... (by default a prefix for each call).
     The guard stamps ended_at with the present, so they are inserted with the triggers off; ended rows
-    belong to no lane, so agent_lane stays exact.
+    hold no lane (`lane_head` false), so every lane's holder stays exact.
     """
     with engine.begin() as conn:
         conn.execute(text("SET LOCAL session_replication_role = replica"))

@@ -30,8 +30,9 @@ def erase(engine: Engine, account_id: int = ERASED) -> int:
 
 
 def lane_head(engine: Engine, lane: str) -> int | None:
+    """The lane's holder (`lane_head`), or None when nothing of the lane is left."""
     with engine.connect() as conn:
-        head = conn.execute(text("SELECT head_id FROM agent_lane WHERE lane_key = :lane"), {"lane": lane})
+        head = conn.execute(text("SELECT id FROM agent_action WHERE lane_key = :lane AND lane_head"), {"lane": lane})
         return head.scalar_one_or_none()
 
 

@@ -114,4 +114,4 @@ def test_four_processes_keep_every_lane_serial_and_in_order(engine: Engine, data
     with engine.connect() as conn:
         states = conn.execute(text("SELECT state, attempt, epoch, count(*) FROM agent_action GROUP BY 1, 2, 3")).all()
         assert [tuple(s) for s in states] == [("DONE", 1, 1, ACTIONS)]  # no lease looked expired: no reclaim
-        assert conn.execute(text("SELECT count(*) FROM agent_lane")).scalar_one() == 0
+        assert conn.execute(text("SELECT count(*) FROM agent_action WHERE lane_head")).scalar_one() == 0

@@ -327,9 +327,9 @@ def test_the_executor_s_claims_fences_and_results_never_enter_the_guard_function
             await store.close()
 
     written = asyncio.run(work())
-    # the store's session flushes its counts when it ends: the table's count and the lane trigger's calls
+    # the store's session flushes its counts when it ends: the table's count and the UPDATE trigger's calls
     until(lambda: updates(engine) == written, what="the store's session's counts")
-    until(lambda: function_calls(engine).get("track_agent_lane", 0) >= 4, what="the lane trigger's calls")
+    until(lambda: function_calls(engine).get("after_agent_action_update", 0) >= 4, what="the UPDATE trigger's calls")
     assert "guard_agent_action" not in function_calls(engine)
     with engine.begin() as conn:
         rows = conn.execute(text("SELECT state, payload, ended_at, lease_expires_at FROM agent_action ORDER BY id"))

@@ -55,8 +55,9 @@ def test_fences_are_hot_updates(engine: Engine) -> None:
     # the store's session flushes its counts when it ends
     until(lambda: table_updates(engine)[0] == 2 * ACTIONS, what="the claims' and fences' counts")
     updates, hot = table_updates(engine)
-    # a claim changes the state (indexed): never HOT. Nearly every fence finds room on its row's page.
-    assert hot >= 0.9 * ACTIONS, (updates, hot)
+    # a claim changes the state (indexed): never HOT. Nearly every fence finds room on its row's page (179 of
+    # 200 with the lane holder's column, 180 before it: the row is a few bytes wider)
+    assert hot >= 0.85 * ACTIONS, (updates, hot)
 
 
 def load(engine: Engine) -> None:

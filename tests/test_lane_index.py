@@ -1,9 +1,9 @@
-"""agent_lane stays exact after every write, whoever makes it: enqueues, decisions, claims, fences, results
-of every kind, expiry, erasure and an operator's own SQL, in any order (Hypothesis).
+"""Every lane's holder (`agent_action.lane_head`) stays exact after every write, whoever makes it: enqueues,
+decisions, claims, fences, results of every kind, expiry, erasure and an operator's own SQL, in any order
+(Hypothesis).
 
-What a lane row must hold, recomputed from agent_action alone: for every lane with an action not ended,
-its head (the oldest PROPOSED or ADMITTED action), whether one of its actions is EXECUTING, and `ready_at`,
-the head's due time while the head is ADMITTED and nothing executes; no row for any other lane.
+What the marks must be, recomputed from agent_action alone: for every lane with an action not ended, one
+holder, its EXECUTING action or else its oldest PROPOSED or ADMITTED one; no mark on any other action.
 """
 
 from __future__ import annotations
@@ -25,17 +25,9 @@ from tests import kinds
 from tests.support import sessions_waiting_on_a_lock, until
 
 EXPECTED = text("""
-WITH lanes AS (
-    SELECT DISTINCT lane_key FROM agent_action WHERE state IN ('PROPOSED', 'ADMITTED', 'EXECUTING')
-)
-SELECT l.lane_key, h.id AS head_id,
-       EXISTS (SELECT 1 FROM agent_action e WHERE e.lane_key = l.lane_key AND e.state = 'EXECUTING') AS executing,
-       h.state AS head_state, h.due_at AS head_due_at
-  FROM lanes AS l
-  LEFT JOIN LATERAL (
-    SELECT id, state, due_at FROM agent_action p
-     WHERE p.lane_key = l.lane_key AND p.state IN ('PROPOSED', 'ADMITTED') ORDER BY id LIMIT 1
-  ) AS h ON true
+SELECT DISTINCT ON (lane_key) lane_key, id FROM agent_action
+ WHERE state IN ('PROPOSED', 'ADMITTED', 'EXECUTING')
+ ORDER BY lane_key, state = 'EXECUTING' DESC, id
 """)
 
 LANES = st.sampled_from(["a", "b", "c"])
@@ -56,22 +48,18 @@ OPERATION = st.one_of(
 )
 
 
-def lane_rows(engine: Engine) -> dict[str, tuple[Any, ...]]:
+def lane_rows(engine: Engine) -> dict[str, list[int]]:
+    """Every marked holder, by lane (a list, so two holders of one lane would show)."""
     with engine.connect() as conn:
-        found = conn.execute(text("SELECT lane_key, head_id, executing, ready_at FROM agent_lane"))
-        return {r.lane_key: (r.head_id, r.executing, r.ready_at) for r in found}
+        holders: dict[str, list[int]] = {}
+        for r in conn.execute(text("SELECT lane_key, id FROM agent_action WHERE lane_head ORDER BY id")):
+            holders.setdefault(r.lane_key, []).append(r.id)
+        return holders
 
 
-def expected_rows(engine: Engine) -> dict[str, tuple[Any, ...]]:
+def expected_rows(engine: Engine) -> dict[str, list[int]]:
     with engine.connect() as conn:
-        return {
-            r.lane_key: (
-                r.head_id,
-                r.executing,
-                r.head_due_at if r.head_state == "ADMITTED" and not r.executing else None,
-            )
-            for r in conn.execute(EXPECTED)
-        }
+        return {r.lane_key: [r.id] for r in conn.execute(EXPECTED)}
 
 
 def ids(engine: Engine, states: tuple[str, ...]) -> list[int]:
@@ -172,7 +160,7 @@ HELD_THEN_RETRIED = [
 @given(operations=st.lists(OPERATION, min_size=1, max_size=25))
 @example(operations=LANE_OF_THREE)
 @example(operations=HELD_THEN_RETRIED)
-def test_agent_lane_is_exact_after_every_write(engine: Engine, operations: list[Any]) -> None:
+def test_lane_holders_are_exact_after_every_write(engine: Engine, operations: list[Any]) -> None:
     with engine.begin() as conn:
         conn.execute(text("DELETE FROM agent_action"))
     asyncio.run(play(engine, operations))
@@ -185,8 +173,8 @@ def enqueue_in(conn: Any, key: str, lane: str = "shared") -> outbox.Action:
 
 @pytest.mark.parametrize("first_commits", [True, False])
 def test_two_transactions_opening_one_lane_leave_it_exact(engine: Engine, first_commits: bool) -> None:
-    """The first enqueue into an idle lane makes its row; a second transaction enqueuing into the same lane
-    waits for the first, then recomputes the row (first committed) or makes it itself (first rolled back)."""
+    """The first enqueue into an idle lane holds it; a second transaction enqueuing into the same lane waits for
+    the lane's lock, then sees the first holder (first committed) or holds the lane itself (first rolled back)."""
     errors: list[BaseException] = []
     with engine.connect() as first:
         enqueue_in(first, "first")
@@ -209,3 +197,40 @@ def test_two_transactions_opening_one_lane_leave_it_exact(engine: Engine, first_
     assert not errors and not thread.is_alive()
     assert lane_rows(engine) == expected_rows(engine)
     assert len(lane_rows(engine)) == 1
+
+
+def test_an_action_with_an_earlier_id_takes_the_lane_from_a_later_one_not_started(engine: Engine) -> None:
+    """An action whose id comes before the holder's (its transaction took the id first and committed later;
+    here an operator's insert with an id of its own) holds the lane while the later holder has not started."""
+    with engine.begin() as conn:
+        conn.execute(text("DELETE FROM agent_action"))
+        later = enqueue_in(conn, "later", lane="taken")
+        conn.execute(
+            text(
+                "INSERT INTO agent_action (id, kind, workspace_id, lane_key, idempotency_key, payload,"
+                " max_attempts, state) OVERRIDING SYSTEM VALUE"
+                " VALUES (:id, :kind, 1, 'taken', 'earlier', '{}', 3, 'ADMITTED')"
+            ),
+            {"id": later.id - 1_000_000, "kind": kinds.NOOP.name},
+        )
+    assert lane_rows(engine) == expected_rows(engine) == {"taken": [later.id - 1_000_000]}
+    with engine.begin() as conn:  # the same key again inserts nothing, and takes nothing
+        conn.execute(
+            text(
+                "INSERT INTO agent_action (id, kind, workspace_id, lane_key, idempotency_key, payload,"
+                " max_attempts, state) OVERRIDING SYSTEM VALUE"
+                " VALUES (:id, :kind, 1, 'taken', 'earlier', '{}', 3, 'ADMITTED') ON CONFLICT DO NOTHING"
+            ),
+            {"id": later.id - 2_000_000, "kind": kinds.NOOP.name},
+        )
+    assert lane_rows(engine) == expected_rows(engine) == {"taken": [later.id - 1_000_000]}
+
+
+def test_two_holders_of_one_lane_are_refused_by_the_database(engine: Engine) -> None:
+    """Whatever a writer's isolation level lets it miss, ux_agent_action_lane_head refuses a second holder."""
+    with engine.begin() as conn:
+        conn.execute(text("DELETE FROM agent_action"))
+        enqueue_in(conn, "one", lane="twice")
+        second = enqueue_in(conn, "two", lane="twice")
+    with pytest.raises(Exception, match="ux_agent_action_lane_head"), engine.begin() as conn:
+        conn.execute(text("UPDATE agent_action SET lane_head = true WHERE id = :id"), {"id": second.id})

@@ -264,7 +264,7 @@ def rows(conn: Connection, sql: str) -> list[tuple[object, ...]]:
 def assert_outbox_schema(conn: Connection) -> None:
     """outbox's tables, at the pinned revision, with the kind the application declared."""
     assert conn.execute(text("SELECT version_num FROM outbox_alembic_version")).scalars().all() == [pinned_revision()]
-    for table in ("agent_action", "agent_lane", "agent_action_kind"):
+    for table in ("agent_action", "agent_action_kind"):
         assert conn.execute(text("SELECT to_regclass(:t)"), {"t": table}).scalar_one() is not None, table
     assert rows(
         conn, "SELECT at_most_once, instance_level, workspace_level FROM agent_action_kind WHERE name = 'SMS'"

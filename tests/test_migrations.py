@@ -41,17 +41,17 @@ def test_upgrade_creates_the_store_and_downgrade_removes_all_of_it(empty_databas
         created = objects(conn) - before
     assert {
         "table agent_action",
-        "table agent_lane",
         "table agent_action_kind",
         "table ux_agent_action_lane_executing",
         "table ux_agent_action_idempotency_key",
-        "table ix_agent_lane_ready",
+        "table ix_agent_action_ready",
+        "table ux_agent_action_lane_head",
         "table ix_agent_action_lane_pending",
         "table ix_agent_action_ended",
         "table ix_agent_action_subject",
         "function guard_agent_action",
         "trigger guard_agent_action",
-        "trigger track_agent_lane_insert",
+        "trigger after_agent_action_update",
     } <= created
     with engine.begin() as conn:
         migrate.downgrade(conn)

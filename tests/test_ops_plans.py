@@ -52,7 +52,7 @@ def load(engine: Engine) -> None:
             """),
             {"ended": ENDED, "spacing": SPACING_SECONDS},
         )
-    with engine.begin() as conn:  # pending actions the ordinary way: the lane triggers keep agent_lane exact
+    with engine.begin() as conn:  # pending actions the ordinary way: the guard marks each lane's holder
         conn.execute(
             text("""
             INSERT INTO agent_action (kind, workspace_id, lane_key, idempotency_key, payload, subject_account_id,

@@ -37,11 +37,11 @@ READABLE = {
     "ended_at",
     "last_error",
     "trace",
+    "lane_head",
 }
 PERSONAL = {"payload", "idempotency_key", "subject_account_id", "workspace_id", "readback_ref"}
 OUTBOX_TABLES = (
     "agent_action",
-    "agent_lane",
     "agent_action_attempt_tally",
     "agent_action_ended_tally",
     "agent_action_latency_tally",

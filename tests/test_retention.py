@@ -35,7 +35,7 @@ def test_the_purge_deletes_what_ended_before_the_window_in_batches(engine: Engin
     assert remaining(engine) == {"young": 3, "pending": 1}
     assert purge_ended(engine) == 0
     with engine.connect() as conn:
-        lane = conn.execute(text("SELECT head_id FROM agent_lane WHERE lane_key = 'lane-1'")).scalar_one()
+        lane = conn.execute(text("SELECT id FROM agent_action WHERE lane_key = 'lane-1' AND lane_head")).scalar_one()
     assert lane == pending  # the lanes are untouched
 
     assert purge_ended(engine, older_than=timedelta(days=28)) == 3

@@ -8,7 +8,7 @@
                     ▼
         one READ ONLY, REPEATABLE READ transaction: connect timeout 2 s at most, statement_timeout 2 s
         ──▶ counters: the sum of every tally row (merged or not), histograms from the latency tallies,
-            gauges from the partial indexes and agent_lane ──▶ outbox_exporter_up 1 and every metric
+            gauges from the partial indexes ──▶ outbox_exporter_up 1 and every metric
     an error, or no answer within `wait_seconds` ──▶ outbox_exporter_up 0, and one log line per change
         between up and down (WARNING with the cause when it goes down, INFO when it comes back)
 

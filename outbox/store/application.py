@@ -39,7 +39,9 @@ ACTION_COLUMNS = (
 DATABASE_NOW = text("SELECT clock_timestamp() AS now")
 _NO_ACTION = ", ".join("NULL" for _ in ACTION_COLUMNS.split(","))
 
-# Many actions in one statement, in the order given (a lane runs in id order). It inserts nothing when a
+# Many actions in one statement, in the order given within each lane (a lane runs in id order), the lanes in
+# the order of their lock (the guard takes each new action's lane lock, and two enqueues that take theirs in
+# one order never wait for each other in a circle). It inserts nothing when a
 # kind of the batch has no row in agent_action_kind or a row that declares it otherwise than the code does
 # (`:kinds`: each kind of the batch as the code declares it), nor when an expires_at has passed on the
 # database clock; it returns why instead, as `refusal` rows (each such kind with its row, and the first
@@ -70,7 +72,7 @@ WITH input AS MATERIALIZED (
                               subject_account_id, max_attempts, expires_at, state)
     SELECT kind, workspace_id, lane_key, idempotency_key, CAST(payload AS jsonb),
            subject_account_id, max_attempts, expires_at, state
-      FROM input WHERE NOT EXISTS (SELECT FROM refused) ORDER BY position
+      FROM input WHERE NOT EXISTS (SELECT FROM refused) ORDER BY hashtext(lane_key), position
     ON CONFLICT (idempotency_key) DO NOTHING
     RETURNING {ACTION_COLUMNS}
 )

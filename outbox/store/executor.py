@@ -5,9 +5,9 @@
 
 `outbox.executor.store.ExecutorStore` runs them, each in a transaction of its own, on the executor's own
 connections. The group commit is one statement for any mix of fences and results: it locks the rows it can
-(SKIP LOCKED), and for a result the row of its lane too (the lane trigger recomputes it); it writes each
-fence and result whose row still carries its claim's epoch, and adds the attempt and latency tallies of every
-result it decided, in the same transaction as the results themselves. What another transaction holds is
+(SKIP LOCKED), and for a result the lock of its lane too (the trigger may pass the lane to its next action);
+it writes each fence and result whose row still carries its claim's epoch, and adds the attempt and latency
+tallies of every result it decided, in the same transaction as the results themselves. What another transaction holds is
 reported as held and tried again in the next batch.
 """
 
@@ -28,31 +28,21 @@ CLAIMED_COLUMNS = (
     " a.max_attempts,"
     " a.epoch, a.write_started_at, a.due_at,"
     " extract(epoch FROM a.lease_expires_at - now())::float8 AS lease_seconds,"
-    " extract(epoch FROM now() - a.due_at)::float8 AS pickup_seconds, a.trace"
+    " extract(epoch FROM now() - a.due_at)::float8 AS pickup_seconds, a.trace, a.trace_context"
 )
 
-# Due lane heads, many per round trip. The lane rows are locked with SKIP LOCKED, so two replicas never
-# take one lane and neither waits; the CTEs are materialized so the LIMIT runs exactly once, and the
-# heads are found by primary key from the ready lanes, never by scanning the actions that wait.
+# Due lane heads, many per round trip: the ADMITTED holders of their lanes (ix_agent_action_ready holds
+# nothing else), by due time. SKIP LOCKED, so two replicas never take one head and neither waits; a row
+# that stopped holding its lane while we waited for it is checked again, and left. The holder stays marked
+# while it executes, so a claim writes nothing but its own rows.
 CLAIM_READY_HEADS = text(f"""
-WITH ready AS MATERIALIZED (
-    SELECT lane_key, head_id FROM agent_lane
-     WHERE ready_at <= now()
-     ORDER BY ready_at
+WITH heads AS MATERIALIZED (
+    SELECT a.id FROM agent_action AS a
+     WHERE a.lane_head AND a.state = 'ADMITTED' AND a.due_at <= now()
+       AND a.kind = ANY (CAST(:kinds AS text[])) AND (a.expires_at IS NULL OR a.expires_at > now())
+     ORDER BY a.due_at
      LIMIT :limit
      FOR UPDATE SKIP LOCKED
-), heads AS MATERIALIZED (
-    -- one primary-key probe per ready lane, whatever the statistics say: the head's other conditions are
-    -- one expression (IS TRUE), which no index can serve, so the planner never walks the due actions
-    -- (ix_agent_action_admitted_due) looking for the head
-    SELECT h.id FROM ready AS r
-     CROSS JOIN LATERAL (
-        SELECT a.id FROM agent_action AS a
-         WHERE a.id = r.head_id
-           AND (a.state = 'ADMITTED' AND a.due_at <= now() AND a.kind = ANY (CAST(:kinds AS text[]))
-                AND (a.expires_at IS NULL OR a.expires_at > now())) IS TRUE
-           FOR UPDATE SKIP LOCKED
-     ) AS h
 )
 UPDATE agent_action AS a
    SET state = 'EXECUTING', epoch = a.epoch + 1, attempt = a.attempt + 1,
@@ -61,9 +51,17 @@ UPDATE agent_action AS a
 RETURNING {CLAIMED_COLUMNS}
 """)
 
+# The lanes of `{rows}` (a CTE with a lane_key column) whose lock this transaction now holds, each tried
+# without waiting: an enqueue into the lane holds it until its transaction commits, and the end of the lane's
+# holder must wait for that (the trigger then sees the new action); such a write is left for the next round.
+_LANES_LOCKED = """(
+    SELECT lane_key FROM (SELECT DISTINCT lane_key FROM {rows}) AS l
+     WHERE pg_try_advisory_xact_lock(1818324581, hashtext(lane_key))
+)"""
+
 # Executing actions whose lease expired. An at-most-once action whose write started ends UNCERTAIN;
 # one at its last attempt ends FAILED (UNCERTAIN if its write started); every other is claimed again
-# without waiting for its lane. Ending needs the lane row (SKIP LOCKED); a reclaim does not.
+# without waiting for its lane. Ending needs the lane's lock (without waiting); a reclaim does not.
 TAKE_BACK_EXPIRED_LEASES = text(f"""
 WITH stale AS MATERIALIZED (
     SELECT id, lane_key,
@@ -77,11 +75,9 @@ WITH stale AS MATERIALIZED (
      ORDER BY lease_expires_at
      LIMIT :limit
      FOR UPDATE SKIP LOCKED
-), lanes AS MATERIALIZED (
-    SELECT lane_key FROM agent_lane
-     WHERE lane_key IN (SELECT lane_key FROM stale WHERE next_state <> 'EXECUTING')
-     FOR UPDATE SKIP LOCKED
-)
+), ending AS MATERIALIZED (
+    SELECT lane_key FROM stale WHERE next_state <> 'EXECUTING'
+), lanes AS MATERIALIZED {_LANES_LOCKED.format(rows="ending")}
 UPDATE agent_action AS a
    SET state = s.next_state,
        stop_reason = CASE s.next_state WHEN 'UNCERTAIN' THEN 'LEASE_LOST_AFTER_WRITE'
@@ -96,16 +92,14 @@ RETURNING {CLAIMED_COLUMNS}, a.state, a.stop_reason
 """)
 
 # Actions that expired before they started end CANCELLED / EXPIRED.
-EXPIRE_UNSTARTED = text("""
+EXPIRE_UNSTARTED = text(f"""
 WITH expired AS MATERIALIZED (
     SELECT id, lane_key FROM agent_action
      WHERE state IN ('PROPOSED', 'ADMITTED') AND expires_at IS NOT NULL AND expires_at <= now()
      ORDER BY expires_at
      LIMIT :limit
      FOR UPDATE SKIP LOCKED
-), lanes AS MATERIALIZED (
-    SELECT lane_key FROM agent_lane WHERE lane_key IN (SELECT lane_key FROM expired) FOR UPDATE SKIP LOCKED
-)
+), lanes AS MATERIALIZED {_LANES_LOCKED.format(rows="expired")}
 UPDATE agent_action AS a SET state = 'CANCELLED', stop_reason = 'EXPIRED'
   FROM expired AS e
  WHERE a.id = e.id AND e.lane_key IN (SELECT lane_key FROM lanes)
@@ -115,14 +109,15 @@ RETURNING a.id, a.kind, a.trace
 # The group commit: fences ('fence'), results ('finish') and results that write nothing ('none', tallied
 # only), each named by its claim's epoch, in one statement.
 #   fence:  write_started_at, while at least the write window of the lease is left
-#   finish: the result's values. `fence`: keep, clear, or restore the value the attempt found at its claim
-#           (a deferral writes nothing, so an earlier write stays known). `last_error`: the result's reason;
-#           a result without one keeps the earlier reason, DONE clears it.
-#           The row values the guard stamps on an end (ended_at, no payload) and on any result (no lease)
+#   finish: the result's values; an end lets go of its lane (lane_head), whose next holder the trigger marks.
+#           `fence`: keep, clear, or restore the value the attempt found at its claim (a deferral writes
+#           nothing, so an earlier write stays known). `last_error`: the result's reason; a result without
+#           one keeps the earlier reason, DONE clears it.
+#           The row values the guard stamps on an end (ended_at, no payload, no lane_head) and on any result (no lease)
 #           are written here, so its trigger's WHEN condition lets the row through without entering PL/pgSQL.
 #   both:   `trace`, the attempt's whole trace (what its claim found and what it noted) when it noted
 #           something; null keeps the stored one.
-# Each write comes back with its outcome: written; held (its row, or for a result its lane's row, is locked
+# Each write comes back with its outcome: written; held (its row, or for a result its lane's lock, is held
 # by another transaction: try again); gone (erased); stale (another claim took it; with the row's epoch and
 # state); short (a fence with less than the window left); none (nothing to write). The tallies count every
 # result decided here (not the held ones), recorded or not.
@@ -153,13 +148,9 @@ WITH w AS MATERIALIZED (
     -- so the updates below need no other condition (and find each row by primary key)
     SELECT w.id, w.op, l.lane_key, l.has_window FROM w JOIN locked AS l ON l.id = w.id
      WHERE l.epoch = w.epoch AND l.state = 'EXECUTING'
-), lanes AS MATERIALIZED (
-    -- a result recomputes its lane: hold the lane's row first (an EXECUTING action always has one)
-    SELECT lane_key FROM agent_lane
-     WHERE lane_key = ANY (ARRAY(SELECT lane_key FROM current WHERE op = 'finish'))
-     ORDER BY lane_key
-     FOR UPDATE SKIP LOCKED
-), fenced AS (
+), finishing AS MATERIALIZED (
+    SELECT lane_key FROM current WHERE op = 'finish'
+), lanes AS MATERIALIZED {_LANES_LOCKED.format(rows="finishing")}, fenced AS (
     UPDATE agent_action AS a SET write_started_at = now(), trace = coalesce(w.trace, a.trace)
       FROM w
      WHERE a.id = w.id AND w.id = ANY (ARRAY(SELECT id FROM current WHERE op = 'fence' AND has_window))
@@ -177,6 +168,7 @@ WITH w AS MATERIALIZED (
            trace = coalesce(f.trace, a.trace),
            ended_at = CASE WHEN f.state IN ('DONE', 'FAILED', 'UNCERTAIN', 'CANCELLED') THEN now() ELSE a.ended_at END,
            payload = CASE WHEN f.state IN ('DONE', 'FAILED', 'UNCERTAIN', 'CANCELLED') THEN NULL ELSE a.payload END,
+           lane_head = a.lane_head AND f.state NOT IN ('DONE', 'FAILED', 'UNCERTAIN', 'CANCELLED'),
            lease_expires_at = NULL
       FROM {_WRITES.format(alias="f")}
      WHERE a.id = f.id

@@ -6,7 +6,7 @@
 Counters come from the tally tables: rows are only added, in the transactions they count, and folded into
 one row per label set by `merge_tallies`, which every executor runs every 10 seconds and the retention purge
 at its end, never the exporter. A merge keeps every sum, so the exporter's sums are the same before and
-after one. Gauges are read at scrape time from the partial indexes and `agent_lane`, never from the ended
+after one. Gauges are read at scrape time from the partial indexes, never from the ended
 rows.
 """
 
@@ -84,23 +84,16 @@ SELECT kind, metric, le, sum(n)::bigint AS n, sum(total) AS total
 # ---- gauges ----------------------------------------------------------------------------------------------
 
 KIND_NAMES = text("SELECT name FROM agent_action_kind")
-# What an executor could claim now, by kind: the heads of the ready lanes that are ADMITTED, due and not
-# expired, as the claim takes them; and the expired leases the sweep takes back, claimable since their lease
-# expired. An expired lease that the sweep ends instead (an at-most-once write that started, or the last
-# attempt) is no claim. `heads` is the part that is lane heads. The ready lanes come from
-# ix_agent_lane_ready and each head from one primary-key probe, whatever the statistics say (LIMIT 1 keeps
-# the planner from joining the ready lanes to a walk of every action), so the cost is that of the ready lanes.
+# What an executor could claim now, by kind: the lane holders that are ADMITTED, due and not expired
+# (ix_agent_action_ready), as the claim takes them; and the expired leases the sweep takes back, claimable
+# since their lease expired. An expired lease that the sweep ends instead (an at-most-once write that
+# started, or the last attempt) is no claim. `heads` is the part that is lane heads.
 CLAIMABLE_BY_KIND = text("""
 WITH claimable AS (
-    SELECT h.kind, h.due_at AS since, true AS head
-      FROM agent_lane AS l
-     CROSS JOIN LATERAL (
-        SELECT a.kind, a.due_at FROM agent_action AS a
-         WHERE a.id = l.head_id
-           AND a.state = 'ADMITTED' AND a.due_at <= now() AND (a.expires_at IS NULL OR a.expires_at > now())
-         LIMIT 1
-     ) AS h
-     WHERE l.ready_at <= now()
+    SELECT a.kind, a.due_at AS since, true AS head
+      FROM agent_action AS a
+     WHERE a.lane_head AND a.state = 'ADMITTED' AND a.due_at <= now()
+       AND (a.expires_at IS NULL OR a.expires_at > now())
     UNION ALL
     SELECT a.kind, a.lease_expires_at, false
       FROM agent_action AS a JOIN agent_action_kind AS k ON k.name = a.kind

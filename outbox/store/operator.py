@@ -1,4 +1,4 @@
-"""The operators' read-only views of `agent_action` and `agent_lane`, named for what they show.
+"""The operators' read-only views of `agent_action`, named for what they show.
 
 `outbox.ops` runs them for the CLI. Each reads an index made for it (migration 0003, or the lane and
 pending indexes of 0001), never the whole table: ended rows are most of it and only grow until purged.
@@ -29,13 +29,15 @@ SELECT state, kind, count(*) FROM agent_action WHERE state = 'EXECUTING' GROUP B
  ORDER BY state, kind
 """)
 
-# ADMITTED and due, whether or not its lane lets it start: the oldest is the first entry of the index.
-# agent_lane holds one row per lane with an unended action, so it is small.
+# The lanes from their holders (ux_agent_action_lane_head: one row per lane with an unended action, so it is
+# small): a backlog is an action not started, the holder itself or one behind an executing holder.
 COUNT_LANES = text("""
-SELECT count(*) FILTER (WHERE head_id IS NOT NULL) AS with_backlog,
-       count(*) FILTER (WHERE ready_at <= now()) AS ready,
-       count(*) FILTER (WHERE executing) AS executing
-  FROM agent_lane
+SELECT count(*) FILTER (WHERE h.state <> 'EXECUTING' OR EXISTS (
+           SELECT 1 FROM agent_action AS p WHERE p.lane_key = h.lane_key AND p.state IN ('PROPOSED', 'ADMITTED')
+       )) AS with_backlog,
+       count(*) FILTER (WHERE h.state = 'ADMITTED' AND h.due_at <= now()) AS ready,
+       count(*) FILTER (WHERE h.state = 'EXECUTING') AS executing
+  FROM agent_action AS h WHERE h.lane_head
 """)
 
 COUNT_UNCERTAIN_SINCE = text("""
@@ -46,37 +48,50 @@ SELECT kind, stop_reason, count(*) AS actions FROM agent_action
 
 # ---- outbox lanes ----------------------------------------------------------------------------------
 
-_LANE_COLUMNS = """l.lane_key, l.head_id, h.state AS head_state,
-       extract(epoch FROM now() - h.created_at)::float8 AS head_age_seconds, l.executing"""
+# A lane's head (its oldest action not started, on ix_agent_action_lane_pending) and whether an action of it
+# executes (ux_agent_action_lane_executing), for the lanes of `{lanes}` (a CTE with lane_key and depth).
+_LANE_ROWS = """
+SELECT l.lane_key, h.id AS head_id, h.state AS head_state,
+       extract(epoch FROM now() - h.created_at)::float8 AS head_age_seconds,
+       EXISTS (SELECT 1 FROM agent_action AS x WHERE x.lane_key = l.lane_key AND x.state = 'EXECUTING') AS executing,
+       l.depth
+  FROM {lanes} AS l
+  LEFT JOIN LATERAL (
+    SELECT p.id, p.state, p.created_at FROM agent_action AS p
+     WHERE p.lane_key = l.lane_key AND p.state IN ('PROPOSED', 'ADMITTED')
+     ORDER BY p.id LIMIT 1
+  ) AS h ON true"""
 
-# Depth of every lane with a backlog, counted on ix_agent_action_lane_pending; the head from agent_lane.
+# Depth of every lane with a backlog, counted on ix_agent_action_lane_pending.
 DEEPEST_LANES = text(f"""
 WITH deepest AS MATERIALIZED (
     SELECT lane_key, count(*) AS depth FROM agent_action
      WHERE state IN ('PROPOSED', 'ADMITTED')
      GROUP BY lane_key ORDER BY depth DESC, lane_key LIMIT :top
 )
-SELECT {_LANE_COLUMNS}, d.depth
-  FROM deepest AS d
-  JOIN agent_lane AS l ON l.lane_key = d.lane_key
-  LEFT JOIN agent_action AS h ON h.id = l.head_id
- ORDER BY d.depth DESC, d.lane_key
+{_LANE_ROWS.format(lanes="deepest")}
+ ORDER BY l.depth DESC, l.lane_key
 """)
 
-# The lanes whose head came first (lane order is id order); the depth of each on the pending index.
+# The lanes whose holder came first (lane order is id order), among those with a backlog. The holders are
+# read first (ux_agent_action_lane_head: one row per lane with an unended action), so the planner never walks
+# the primary key through the ended rows looking for them; the depth is counted for those shown only.
 OLDEST_LANES = text(f"""
-WITH oldest AS MATERIALIZED (
-    SELECT lane_key, head_id, executing FROM agent_lane
-     WHERE head_id IS NOT NULL ORDER BY head_id LIMIT :top
+WITH holders AS MATERIALIZED (
+    SELECT h.lane_key, h.id FROM agent_action AS h
+     WHERE h.lane_head AND (h.state <> 'EXECUTING' OR EXISTS (
+               SELECT 1 FROM agent_action AS p WHERE p.lane_key = h.lane_key AND p.state IN ('PROPOSED', 'ADMITTED')
+           ))
+), oldest AS MATERIALIZED (
+    SELECT o.lane_key, o.id AS holder_id, d.depth
+      FROM (SELECT lane_key, id FROM holders ORDER BY id LIMIT :top) AS o
+     CROSS JOIN LATERAL (
+        SELECT count(*) AS depth FROM agent_action AS p
+         WHERE p.lane_key = o.lane_key AND p.state IN ('PROPOSED', 'ADMITTED')
+     ) AS d
 )
-SELECT {_LANE_COLUMNS}, d.depth
-  FROM oldest AS l
-  LEFT JOIN agent_action AS h ON h.id = l.head_id
- CROSS JOIN LATERAL (
-    SELECT count(*) AS depth FROM agent_action AS p
-     WHERE p.lane_key = l.lane_key AND p.state IN ('PROPOSED', 'ADMITTED')
- ) AS d
- ORDER BY l.head_id
+{_LANE_ROWS.format(lanes="oldest")}
+ ORDER BY l.holder_id
 """)
 
 # ---- outbox list -----------------------------------------------------------------------------------

@@ -579,23 +579,16 @@ CONSTRAINT_CHECKS = {
     "an EXECUTING action without a lease": (
         "SELECT count(*) FROM agent_action WHERE state = 'EXECUTING' AND lease_expires_at IS NULL"
     ),
-    "an unended action in no lane row": (
-        "SELECT count(*) FROM agent_action AS a WHERE a.ended_at IS NULL"
-        " AND NOT EXISTS (SELECT 1 FROM agent_lane AS l WHERE l.lane_key = a.lane_key)"
+    "an ended action that still holds its lane": (
+        "SELECT count(*) FROM agent_action WHERE ended_at IS NOT NULL AND lane_head"
     ),
-    "a lane row that differs from its actions": """
-        SELECT count(*) FROM agent_lane AS l
+    "a lane whose holder differs from its actions (none, or not the executing or oldest waiting one)": """
+        SELECT count(*) FROM (SELECT lane_key, id FROM agent_action WHERE lane_head) AS h
          FULL JOIN (
-            SELECT k.lane_key, h.id AS head_id, h.state AS head_state, h.due_at,
-                   EXISTS (SELECT 1 FROM agent_action e WHERE e.lane_key = k.lane_key AND e.state = 'EXECUTING') AS ex
-              FROM (SELECT DISTINCT lane_key FROM agent_action WHERE ended_at IS NULL) AS k
-              LEFT JOIN LATERAL (SELECT p.id, p.state, p.due_at FROM agent_action p
-                                  WHERE p.lane_key = k.lane_key AND p.state IN ('PROPOSED', 'ADMITTED')
-                                  ORDER BY p.id LIMIT 1) AS h ON true
-         ) AS f ON f.lane_key = l.lane_key
-         WHERE l.lane_key IS NULL OR f.lane_key IS NULL
-            OR (l.head_id, l.executing, l.ready_at) IS DISTINCT FROM
-               (f.head_id, f.ex, CASE WHEN f.head_state = 'ADMITTED' AND NOT f.ex THEN f.due_at END)
+            SELECT DISTINCT ON (lane_key) lane_key, id FROM agent_action WHERE ended_at IS NULL
+             ORDER BY lane_key, state = 'EXECUTING' DESC, id
+         ) AS f ON f.lane_key = h.lane_key
+         WHERE h.id IS DISTINCT FROM f.id
     """,
 }
 
