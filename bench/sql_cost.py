@@ -11,13 +11,11 @@
     .venv/bin/python -m bench.sql_cost [--jobs 20000] [--rounds 3] [--variants ...] [--markdown FILE] [--work DIR]
 
 The variants: `bare` and `contract-minimal` (the loops of `bench.peers.sql_loop`), `outbox` (its schema and its
-executor's statements, as shipped), and outbox with one design element switched off each: the lane trigger
-and `agent_lane` (its claim then takes lane heads by the rule itself, as the contract-minimal loop does), the
-tallies (the ended tally trigger and the group commit's tally inserts), the PL/pgSQL guard (the result
-statement stamps what the guard stamps), the guard entered only off the hot transitions (a `WHEN`
-condition), each operator index, the sweep and retention indexes; and with a 500-byte payload (outbox and
-the contract-minimal table). `lean` switches off the lane trigger, the tallies and the operator indexes at once
-(but the due one, which its claim walks) and guards through the `WHEN` condition; `lean-plain` runs the
+executor's statements, as shipped), and outbox with one design element switched off each: the UPDATE trigger
+(lane upkeep and the ended tally, in one pass; the results then take no lane lock), the group commit's tally
+inserts, the PL/pgSQL guard (the result statement stamps what the guard stamps), each operator index, the
+sweep and retention indexes; and with a 500-byte payload (outbox and the contract-minimal table). `lean`
+switches off the UPDATE trigger, the tally inserts and the listing indexes at once; `lean-plain` runs the
 contract-minimal loop's own three statements on lean's schema with the shipped guard, so what is left between it
 and `contract-minimal` is outbox's table, and between it and `lean` the group commit. Nothing here is a schema
 outbox ships: each variant is a measurement on a scratch database.
@@ -61,36 +59,11 @@ OPERATOR_INDEXES = (
 )
 # the operator indexes but ix_agent_action_admitted_due, which a claim by the lane rule walks
 LISTING_INDEXES = tuple(name for name in OPERATOR_INDEXES if name != "ix_agent_action_admitted_due")
-SWEEP_INDEXES = ("ix_agent_action_ended", "ix_agent_action_lease", "ix_agent_action_expires")
+SWEEP_INDEXES = ("ix_agent_action_ended", "ix_agent_action_expires")
 ENDED = "('DONE', 'UNCERTAIN', 'FAILED', 'CANCELLED')"
 
 
 # ---- the variants' statements -------------------------------------------------------------------------
-
-
-def claim_by_rule() -> TextClause:
-    """outbox's claim without `agent_lane`: due lane heads by the rule, on `agent_action` alone, in the order
-    of ix_agent_action_admitted_due."""
-    from outbox.store.executor import CLAIMED_COLUMNS
-
-    return text(f"""
-WITH heads AS MATERIALIZED (
-    SELECT a.id FROM agent_action AS a
-     WHERE a.state = 'ADMITTED' AND a.due_at <= now() AND a.kind = ANY (CAST(:kinds AS text[]))
-       AND (a.expires_at IS NULL OR a.expires_at > now())
-       AND NOT EXISTS (SELECT 1 FROM agent_action AS x WHERE x.lane_key = a.lane_key AND x.state = 'EXECUTING')
-       AND NOT EXISTS (SELECT 1 FROM agent_action AS p
-                        WHERE p.lane_key = a.lane_key AND p.state IN ('PROPOSED', 'ADMITTED') AND p.id < a.id)
-     ORDER BY a.due_at
-     LIMIT :limit
-     FOR UPDATE SKIP LOCKED
-)
-UPDATE agent_action AS a
-   SET state = 'EXECUTING', epoch = a.epoch + 1, attempt = a.attempt + 1,
-       lease_expires_at = now() + make_interval(secs => :lease_seconds)
-  FROM heads WHERE a.id = heads.id
-RETURNING {CLAIMED_COLUMNS}
-""")
 
 
 def replace_once(sql: str, pattern: str, replacement: str) -> str:
@@ -124,30 +97,9 @@ def commit_stamping_ends(sql: str) -> str:
     return replace_once(sql, r"SET state = f\.state,", stamp)
 
 
-# the guard entered only off the hot transitions: a claim, a fence, a DONE result that stamped its end
-GUARD_WHEN = """
-DROP TRIGGER guard_agent_action ON agent_action;
-DROP TRIGGER IF EXISTS guard_agent_action_insert ON agent_action;
-CREATE TRIGGER guard_agent_action_insert BEFORE INSERT ON agent_action
-    FOR EACH ROW EXECUTE FUNCTION guard_agent_action();
-CREATE TRIGGER guard_agent_action BEFORE UPDATE ON agent_action FOR EACH ROW
-  WHEN (NOT (NEW.id = OLD.id AND NEW.kind = OLD.kind AND NEW.lane_key = OLD.lane_key
-             AND NEW.idempotency_key = OLD.idempotency_key AND (
-        (OLD.state = 'ADMITTED' AND NEW.state = 'EXECUTING' AND NEW.epoch = OLD.epoch + 1
-         AND NEW.attempt = OLD.attempt + 1 AND NEW.lease_expires_at IS NOT NULL)
-     OR (OLD.state = 'EXECUTING' AND NEW.state = 'EXECUTING' AND NEW.epoch = OLD.epoch
-         AND NEW.attempt = OLD.attempt)
-     OR (OLD.state = 'EXECUTING' AND NEW.state = 'DONE' AND NEW.epoch = OLD.epoch AND NEW.attempt = OLD.attempt
-         AND NEW.stop_reason IS NOT NULL AND NEW.ended_at = now() AND NEW.payload IS NULL
-         AND NEW.lease_expires_at IS NULL))))
-  EXECUTE FUNCTION guard_agent_action();
-"""
-NO_LANE = """
-DROP TRIGGER track_agent_lane_insert ON agent_action;
-DROP TRIGGER track_agent_lane_update ON agent_action;
-DROP TRIGGER track_agent_lane_delete ON agent_action;
-"""
-NO_TALLIES = "DROP TRIGGER tally_agent_action_ended ON agent_action;"
+# no lane upkeep and no ended tally: the one UPDATE trigger (outbox's lanes then hold only one action each,
+# which is what the loops make)
+NO_UPDATE_TRIGGER = "DROP TRIGGER after_agent_action_update ON agent_action;"
 
 
 @dataclass(frozen=True)
@@ -160,16 +112,15 @@ class Variant:
     loop: str = "schema"
     ddl: str = ""
     payload: str = "{}"
-    rule_claim: bool = False
     commit: tuple[Callable[[str], str], ...] = ()
 
-    def statements(self) -> tuple[TextClause | None, TextClause | None]:
+    def statements(self) -> TextClause | None:
         from outbox.store.executor import COMMIT_WRITES
 
         sql = COMMIT_WRITES.text
         for change in self.commit:
             sql = change(sql)
-        return (claim_by_rule() if self.rule_claim else None), (text(sql) if self.commit else None)
+        return text(sql) if self.commit else None
 
 
 def drop_indexes(*names: str) -> str:
@@ -203,17 +154,13 @@ VARIANTS = [
         "CREATE INDEX ix_agent_action_state_created ON agent_action (state, created_at, id) INCLUDE (kind);",
     ),
     Variant(
-        "no-lane",
-        "no lane trigger, no agent_lane rows; heads claimed by the rule; results lock no lane row",
-        ddl=NO_LANE,
-        rule_claim=True,
+        "no-update-trigger",
+        "no UPDATE trigger (lane upkeep and ended tally); results take no lane lock",
+        ddl=NO_UPDATE_TRIGGER,
         commit=(commit_without_lane_locks,),
     ),
     Variant(
-        "no-tallies",
-        "no ended tally trigger, no tally inserts in the group commit",
-        ddl=NO_TALLIES,
-        commit=(commit_without_tallies,),
+        "no-tally-inserts", "no attempt and latency tally inserts in the group commit", commit=(commit_without_tallies,)
     ),
     Variant(
         "no-guard",
@@ -222,25 +169,18 @@ VARIANTS = [
         "DROP TRIGGER IF EXISTS guard_agent_action_insert ON agent_action;",
         commit=(commit_stamping_ends,),
     ),
-    Variant(
-        "guard-when",
-        "the guard's function entered only off claim, fence and DONE (a WHEN condition); the result stamps",
-        ddl=GUARD_WHEN,
-        commit=(commit_stamping_ends,),
-    ),
     Variant("no-operator-indexes", "without the three operator indexes", ddl=drop_indexes(*OPERATOR_INDEXES)),
     *(Variant(f"no-{name}", f"without {name}", ddl=drop_indexes(name)) for name in OPERATOR_INDEXES),
     Variant(
         "no-sweep-indexes",
-        "without the ended, expiry and (before revision 0013) lease indexes",
+        "without the ended and expiry indexes",
         ddl=drop_indexes(*SWEEP_INDEXES),
     ),
     Variant(
         "lean",
-        "no lane trigger, no tallies, no operator indexes but the due one, the guard behind its WHEN condition",
-        ddl=NO_LANE + NO_TALLIES + drop_indexes(*LISTING_INDEXES) + GUARD_WHEN,
-        rule_claim=True,
-        commit=(commit_without_lane_locks, commit_without_tallies, commit_stamping_ends),
+        "no UPDATE trigger, no tally inserts, no operator indexes but the due one",
+        ddl=NO_UPDATE_TRIGGER + drop_indexes(*LISTING_INDEXES),
+        commit=(commit_without_lane_locks, commit_without_tallies),
     ),
 ]
 VARIANTS.append(
@@ -248,7 +188,7 @@ VARIANTS.append(
         "lean-plain",
         "lean's schema with the shipped guard, and the contract-minimal loop's claim, fence and result statements",
         loop="plain",
-        ddl=NO_LANE + NO_TALLIES + drop_indexes(*LISTING_INDEXES),
+        ddl=NO_UPDATE_TRIGGER + drop_indexes(*LISTING_INDEXES),
     )
 )
 BY_NAME = {v.name: v for v in VARIANTS}
@@ -515,8 +455,7 @@ def load_average_fields() -> list[str]:
 def loop(args: argparse.Namespace) -> None:
     variant = BY_NAME[args.variant]
     if variant.loop == "schema":
-        claim, commit = variant.statements()
-        result = sql_loop.schema(args.url, claim, commit)
+        result = sql_loop.schema(args.url, commit=variant.statements())
     elif variant.loop == "plain":
         result = sql_loop.loop(args.url, "contract-minimal", None, PLAIN)
     else:
