@@ -19,6 +19,8 @@ Prefect's choice (the first to poll), so a worker may hold two runs while anothe
 
 Webhook secrets. Before its adapters are built, a run reads the Prefect Secret block `outbox-webhook-<name>`
 for each registered webhook endpoint whose secret neither the code nor `OUTBOX_WEBHOOK_SECRET_<NAME>` gives.
+An endpoint with none of them ends the run Failed before it claims, in one line naming the variable and
+the block (no traceback).
 
 No Prefect task per action: an action is plain Python inside the run, so Prefect's retries and state
 records never fight the outbox's own attempts. SIGTERM (from `outbox worker` when its replica stops, or
@@ -49,7 +51,7 @@ from datetime import UTC, datetime
 from typing import Any, cast
 from uuid import UUID
 
-from prefect import flow, get_run_logger
+from prefect import State, flow, get_run_logger
 from prefect.artifacts import acreate_table_artifact
 from prefect.blocks.system import Secret
 from prefect.client.orchestration import PrefectClient, get_client
@@ -66,6 +68,7 @@ from prefect.client.schemas.objects import FlowRun, StateType
 from prefect.context import FlowRunContext
 from prefect.events import emit_event
 from prefect.runtime import flow_run as this_run
+from prefect.states import Failed
 
 from outbox.db import async_engine, shown_database, sync_engine
 from outbox.executor import Executor, ExecutorConfig
@@ -75,7 +78,7 @@ from outbox.executor.outcomes import EndedAction, Outcomes
 from outbox.kind_rows import require_declared
 from outbox.ops import lanes
 from outbox.settings import load_settings
-from outbox.webhook.endpoints import add_secret_source, registered_endpoints
+from outbox.webhook.endpoints import WebhookSecretError, add_secret_source, registered_endpoints
 
 from .live import show_live
 
@@ -85,6 +88,8 @@ HANDOVER_CHECK_SECONDS = 2.0
 REPLACEMENT_WAIT_SECONDS = 30.0
 # a run carries `kind:<KIND>` tags while its executor claims: the relay counts those runs only
 CLAIMING_TAG = "kind:"
+# the key of the table artifact a run that attempted something leaves when it ends
+SUMMARY_KEY = "outbox-drain-summary"
 # the Prefect Secret block a webhook endpoint's secret is read from when neither the code nor the
 # environment (OUTBOX_WEBHOOK_SECRET_<NAME>) gives one
 WEBHOOK_SECRET_BLOCK = "outbox-webhook-{name}"
@@ -99,23 +104,21 @@ def ship_outbox_logs() -> None:
             target.addHandler(handler)
 
 
-async def webhook_secrets_from_prefect(logger: Any) -> None:
+async def webhook_secrets_from_prefect() -> None:
     """Read the Secret block `outbox-webhook-<name>` of each registered webhook endpoint that has no secret
     in the code or the environment, and offer them to the adapter as a secret source. An endpoint with no
-    block either stops the run when the adapter is built, naming the variable and the block."""
+    block either fails the run when the adapter is built, in one line naming the variable and the block."""
     found: dict[str, str] = {}
     for endpoint in registered_endpoints():
         if endpoint.secret is not None or endpoint.secret_variable in os.environ:
             continue
         block_name = WEBHOOK_SECRET_BLOCK.format(name=endpoint.name)
-        try:
+        with contextlib.suppress(ValueError):  # no such block: the adapter's error names it
             block = cast("Secret[str]", await Secret.aload(block_name))
-        except ValueError:  # no such block
-            logger.warning("webhook endpoint %s: no Prefect Secret block %s", endpoint.name, block_name)
-            continue
-        found[endpoint.name] = str(block.get())
-    if found:
-        add_secret_source(found.get)
+            found[endpoint.name] = str(block.get())
+    add_secret_source(
+        found.get, label=lambda name: "the Prefect Secret block " + WEBHOOK_SECRET_BLOCK.format(name=name)
+    )
 
 
 def run_name() -> str:
@@ -131,9 +134,10 @@ async def drain(
     max_actions: int | None = None,
     concurrency: int = DEFAULTS.concurrency,
     adapters: str = "outbox.email:email_adapters",
-) -> dict[str, Any]:
+) -> dict[str, Any] | State[Any]:
     """Carry out actions until a newer run takes over (in a deployment), SIGTERM, or a given budget is
-    spent (`max_seconds`, `max_actions`: none by default); return a summary."""
+    spent (`max_seconds`, `max_actions`: none by default); return a summary, or the Failed state of a run
+    whose adapters cannot be built (a webhook endpoint without a secret)."""
     loop = asyncio.get_running_loop()
     stop_requested = asyncio.Event()
     loop.add_signal_handler(signal.SIGTERM, stop_requested.set)
@@ -149,7 +153,7 @@ async def _drain(
     max_actions: int | None,
     concurrency: int,
     adapters: str,
-) -> dict[str, Any]:
+) -> dict[str, Any] | State[Any]:
     ship_outbox_logs()
     logger = get_run_logger()
     settings = load_settings()
@@ -160,8 +164,11 @@ async def _drain(
     config = ExecutorConfig(concurrency=concurrency, lease_seconds=settings.lease_seconds)
     try:
         factory = load_adapters(adapters)  # imports the application's modules: its endpoints are registered
-        await webhook_secrets_from_prefect(logger)
-        carried_out = list(factory(engine))
+        await webhook_secrets_from_prefect()
+        try:
+            carried_out = list(factory(engine))
+        except WebhookSecretError as missing:  # the run's one line, no traceback: nothing to retry until it is set
+            return Failed(message=str(missing))
         executor = Executor(engine, carried_out, config, listen_url=settings.listen_database_url)
         await require_declared(engine, (adapter.kind for adapter in carried_out))
         logger.info("%s", start_line(executor.kinds, shown_database(url), config))
@@ -193,7 +200,7 @@ async def _drain(
         rows = await asyncio.to_thread(artifact_rows, outcomes, url)
         await acreate_table_artifact(
             table=rows,
-            key="outbox-drain-summary",
+            key=SUMMARY_KEY,
             description="Attempts by kind and result; the deepest lanes after the run.",
         )
     return summary

@@ -29,7 +29,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import Engine, text
 from sqlalchemy.ext.asyncio import AsyncEngine
-from standardwebhooks import Webhook
+from standardwebhooks import Webhook, WebhookVerificationError
 
 import outbox
 from demo.receiver import Receiver
@@ -53,12 +53,13 @@ from outbox.webhook import (
 from outbox.webhook import endpoints as endpoint_registry
 from outbox.webhook import events as event_registry
 from outbox.webhook.adapter import receiver_id, retry_after_seconds
-from outbox.webhook.endpoints import check_url, endpoint_secret
+from outbox.webhook.endpoints import check_url, endpoint_secrets
 from tests.support import until
 
 ROOT = Path(__file__).resolve().parent.parent
 SECRET = "whsec_" + base64.b64encode(b"k" * 32).decode()
 OTHER_SECRET = "whsec_" + base64.b64encode(b"o" * 32).decode()
+THIRD_SECRET = "whsec_" + base64.b64encode(b"t" * 32).decode()
 KEY = "invoice.paid:7"
 MSG_ID = webhook_id(KEY)
 INVOICE = {"invoice_id": 7}
@@ -654,8 +655,11 @@ def unsigned_adapters(engine: AsyncEngine) -> list[ActionAdapter]:
 def test_outbox_run_refuses_to_start_without_a_secret(cli: Callable[..., Any]) -> None:
     ran = cli("run", "--adapters", "tests.test_webhook:unsigned_adapters", "--max-seconds", "5")
     assert ran.code != 0
-    assert "webhook endpoint billing-eu has no secret: set OUTBOX_WEBHOOK_SECRET_BILLING_EU" in ran.err
-    assert "carrying out" not in ran.err  # it never started claiming
+    assert ran.err == (
+        "error: webhook endpoint billing-eu has no secret: neither the code (register_endpoint's secret=) nor"
+        " OUTBOX_WEBHOOK_SECRET_BILLING_EU holds one; put whsec_ and the base64 of 24 to 64 random bytes in one"
+        " of them\n"
+    ), "one line, no traceback, and it never started claiming"
 
 
 @pytest.mark.parametrize(
@@ -691,7 +695,7 @@ def test_the_secret_comes_from_the_code_the_environment_then_the_sources(monkeyp
     from_env = register_endpoint("from-env", "https://b.example/")
     sourced = register_endpoint("sourced", "https://c.example/")
     monkeypatch.setenv("OUTBOX_WEBHOOK_SECRET_FROM_ENV", OTHER_SECRET)
-    assert [endpoint_secret(e) for e in (given, from_env, sourced)] == [SECRET, OTHER_SECRET, OTHER_SECRET]
+    assert [endpoint_secrets(e) for e in (given, from_env, sourced)] == [(SECRET,), (OTHER_SECRET,), (OTHER_SECRET,)]
     assert asked == ["first:sourced", "second:sourced"]
     assert SECRET not in repr(given)
 
@@ -703,8 +707,84 @@ def test_a_failing_secret_source_is_named_without_its_message() -> None:
     add_secret_source(vault)
     endpoint = register_endpoint("billing", "https://a.example/")
     with pytest.raises(WebhookSecretError, match=r"the secret source .*vault failed \(RuntimeError\)") as refused:
-        endpoint_secret(endpoint)
+        endpoint_secrets(endpoint)
     assert SECRET not in str(refused.value)
+
+
+def test_a_missing_secret_names_every_place_asked_the_labelled_sources_among_them() -> None:
+    add_secret_source(lambda name: None, label=lambda name: f"the Prefect Secret block outbox-webhook-{name}")
+    endpoint = register_endpoint("billing-eu", "https://a.example/")
+    with pytest.raises(WebhookSecretError) as refused:
+        endpoint_secrets(endpoint)
+    assert str(refused.value) == (
+        "webhook endpoint billing-eu has no secret: neither the code (register_endpoint's secret=),"
+        " OUTBOX_WEBHOOK_SECRET_BILLING_EU nor the Prefect Secret block outbox-webhook-billing-eu holds one; put"
+        " whsec_ and the base64 of 24 to 64 random bytes in one of them"
+    )
+
+
+# -- a secret rotated: the new one and the previous one, both signing
+
+
+def test_two_secrets_while_rotating_come_from_the_code_the_environment_or_a_source(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    rotated = f"{OTHER_SECRET} {SECRET}"
+    add_secret_source(lambda name: rotated if name == "sourced" else None)
+    given = register_endpoint("given", "https://a.example/", secret=rotated)
+    from_env = register_endpoint("from-env", "https://b.example/")
+    sourced = register_endpoint("sourced", "https://c.example/")
+    monkeypatch.setenv("OUTBOX_WEBHOOK_SECRET_FROM_ENV", f"  {OTHER_SECRET}\t{SECRET}\n")
+    assert [endpoint_secrets(e) for e in (given, from_env, sourced)] == [(OTHER_SECRET, SECRET)] * 3
+    assert rotated not in repr(given)
+
+
+@pytest.mark.parametrize(
+    ("value", "error"),
+    [
+        (f"{OTHER_SECRET} {SECRET} {THIRD_SECRET}", "holds 3 secrets; one, or two separated by a space"),
+        (f"{OTHER_SECRET} whsec_" + base64.b64encode(b"short").decode(), r"\(secret 2 of 2\) holds 5 bytes"),
+        (f"{OTHER_SECRET} {SECRET[6:]}", r"\(secret 2 of 2\) must start with whsec_"),
+    ],
+)
+def test_a_rotation_with_more_than_two_secrets_or_a_malformed_one_is_refused_naming_which(
+    monkeypatch: pytest.MonkeyPatch, value: str, error: str
+) -> None:
+    endpoint = register_endpoint("billing", "https://a.example/")
+    monkeypatch.setenv("OUTBOX_WEBHOOK_SECRET_BILLING", value)
+    with pytest.raises(WebhookSecretError, match=f"webhook endpoint billing: OUTBOX_WEBHOOK_SECRET_BILLING {error}"):
+        endpoint_secrets(endpoint)
+    with pytest.raises(WebhookSecretError, match=error):
+        register_endpoint("other", "https://a.example/other", secret=value)
+
+
+@pytest.mark.parametrize("receiver_holds", ["the new secret", "the previous secret"])
+async def test_a_rotated_secret_signs_with_both_and_a_receiver_holding_either_verifies_it(
+    app: Engine,
+    aengine: AsyncEngine,
+    adapters: Callable[..., WebhookAdapter],
+    monkeypatch: pytest.MonkeyPatch,
+    receiver_holds: str,
+) -> None:
+    new, previous = OTHER_SECRET, SECRET
+    server = Receiver(new if receiver_holds == "the new secret" else previous).start()
+    try:
+        register_endpoint("billing", server.url)
+        monkeypatch.setenv("OUTBOX_WEBHOOK_SECRET_BILLING", f"{new} {previous}")
+        register_webhook_event(INVOICE_PAID)
+        action_id = enqueue(app)
+        await attempt_once(aengine, adapters())
+    finally:
+        server.stop()
+    assert row(app, action_id)["state"] == "DONE", "the receiver verified the signature and kept the webhook"
+    assert server.deliveries() == {MSG_ID: 1}
+    [seen] = server.seen
+    signatures = seen.headers["webhook-signature"].split(" ")
+    assert len(signatures) == 2 and all(signature.startswith("v1,") for signature in signatures)
+    for secret in (new, previous):
+        assert Webhook(secret).verify(seen.body, seen.headers)["data"]["invoice_id"] == 7
+    with pytest.raises(WebhookVerificationError, match="No matching signature"):
+        Webhook(THIRD_SECRET).verify(seen.body, seen.headers)
 
 
 def test_endpoints_refuse_a_second_declaration_and_a_shared_variable() -> None:

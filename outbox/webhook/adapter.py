@@ -50,17 +50,16 @@ from typing import Any
 
 import httpx
 from sqlalchemy.ext.asyncio import AsyncEngine
-from standardwebhooks import Webhook
 
 from outbox import tracing
 from outbox.errors import InvalidRequest
 from outbox.executor import ActionAdapter, ActionAttempt, Cancelled, Defer, Done, Failed, Result, Retry, Uncertain
 from outbox.executor.attempt import WriteWindow
 from outbox.kinds import ActionKind
-from outbox.webhook.endpoints import WebhookEndpoint, endpoint_secret, registered_endpoints
+from outbox.webhook.endpoints import WebhookEndpoint, endpoint_secrets, registered_endpoints
 from outbox.webhook.events import UnknownEvent, event_of
 from outbox.webhook.kind import WEBHOOK
-from outbox.webhook.message import InvalidBody, SignedRequest, body, signed, webhook_id
+from outbox.webhook.message import InvalidBody, SignedRequest, body, signed, signers, webhook_id
 
 # what a Retry's reason says when the request went out and its answer was lost: the receiver may hold it
 SENT_UNANSWERED = "after the request was sent"
@@ -94,7 +93,7 @@ class WebhookAdapter:
             raise ValueError(f"request_seconds must be more than 0 and at most 60, not {request_seconds!r}")
         self._engine = engine
         self.request_seconds = float(request_seconds)
-        self._signers = {e.name: (e, Webhook(endpoint_secret(e))) for e in registered_endpoints()}
+        self._signers = {e.name: (e, signers(endpoint_secrets(e))) for e in registered_endpoints()}
         # identity: the body read is the body sent, never a small compressed answer that unpacks to megabytes
         self._client = httpx.AsyncClient(
             follow_redirects=False, timeout=self.request_seconds, headers={"accept-encoding": "identity"}
@@ -122,7 +121,7 @@ class WebhookAdapter:
             return Retry(
                 f"endpoint: {definition.endpoint} was registered after the adapter was built; it has no secret"
             )
-        endpoint, signer = found
+        endpoint, endpoint_signers = found
         async with self._engine.connect() as conn:
             rows = await definition.rows_async(conn, event)
         try:
@@ -133,7 +132,7 @@ class WebhookAdapter:
             return Cancelled(f"compose: the {definition.name} event has nothing to send now")
         now = datetime.now(UTC)
         try:
-            request = signed(msg_id, now, body(definition.name, data, now), signer)
+            request = signed(msg_id, now, body(definition.name, data, now), endpoint_signers)
         except InvalidBody as invalid:
             return Failed(f"compose: {invalid}")
         window = await attempt.fence().begin_write()

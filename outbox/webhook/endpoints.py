@@ -1,15 +1,17 @@
 """Webhook endpoints: where each event goes and the secret that signs it, registered in code.
 
     register_endpoint(name, url, secret=None) ──checks name, url, secret──▶ WebhookEndpoint (the registry)
-    WebhookAdapter(...) ──endpoint_secret(endpoint)──▶ the given secret
-                                                    ─ else env OUTBOX_WEBHOOK_SECRET_<NAME>
-                                                    ─ else each secret source, in the order added
-                                                    ─ none, or not whsec_ + base64 ─▶ WebhookSecretError
+    WebhookAdapter(...) ──endpoint_secrets(endpoint)──▶ the given secret
+                                                      ─ else env OUTBOX_WEBHOOK_SECRET_<NAME>
+                                                      ─ else each secret source, in the order added
+                                                      ─ none ─▶ WebhookSecretError naming every place asked
+                                                      ─ not whsec_ + base64 ─▶ WebhookSecretError naming where
+                        ─▶ one secret, or two while it is rotated ("whsec_new whsec_old"): each signs
 
 An endpoint's URL is the registry's alone: no payload names a URL, so an action can only reach an endpoint
 the application registered. A secret is looked up when the adapter is built, so `outbox run` refuses to
-start without one rather than failing at the first attempt. Errors name the endpoint and the variable,
-never the secret.
+start without one rather than failing at the first attempt. Errors name the endpoint and the places
+asked (the variable, a Prefect Secret block), never the secret.
 """
 
 from __future__ import annotations
@@ -21,13 +23,19 @@ import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import NoReturn
 from urllib.parse import urlsplit
 
 from outbox.errors import OutboxError
 
+# a function of an endpoint's name: its secret, or None
 SecretSource = Callable[[str], str | None]
+# a function of an endpoint's name: where a source looks, as an error names it ("the Prefect Secret block ...")
+SourceLabel = Callable[[str], str]
 
 SECRET_PREFIX = "whsec_"
+# the secrets one value may hold: the endpoint's, and while it is rotated the previous one too
+MAX_SECRETS = 2
 # the key a secret holds, decoded: 24 to 64 bytes, as Standard Webhooks asks
 SECRET_BYTES = range(24, 65)
 MAX_URL_LENGTH = 2048
@@ -39,7 +47,7 @@ _AUTHORITY = re.compile(r"(?:\[[0-9A-Fa-f:.]+\]|[^\[\]:@]+)(?::[0-9]{0,5})?")
 _HOST_LABEL = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
 
 _ENDPOINTS: dict[str, WebhookEndpoint] = {}
-_SOURCES: list[SecretSource] = []
+_SOURCES: list[tuple[SecretSource, SourceLabel]] = []
 
 
 class UnknownEndpoint(OutboxError, LookupError):
@@ -49,14 +57,16 @@ class UnknownEndpoint(OutboxError, LookupError):
 
 
 class WebhookSecretError(OutboxError, ValueError):
-    """An endpoint has no secret, or one that is not `whsec_` + base64. Names the endpoint, never the secret."""
+    """An endpoint has no secret, or one that is not `whsec_` + base64: one line naming the endpoint and where
+    it was looked for (the code, the variable, each secret source), never the secret. Raised once, when the
+    adapter is built; `outbox run` and the drain flow print it as their one line and end."""
 
 
 @dataclass(frozen=True)
 class WebhookEndpoint:
     name: str
     url: str
-    # None: looked up when the adapter is built (`endpoint_secret`)
+    # None: looked up when the adapter is built (`endpoint_secrets`); two separated by a space while rotating
     secret: str | None = field(default=None, repr=False)
 
     @property
@@ -74,7 +84,7 @@ def register_endpoint(name: str, url: str, *, secret: str | None = None) -> Webh
     check_name(name)
     check_url(name, url)
     if secret is not None:
-        check_secret(name, secret, "the secret given to register_endpoint")
+        check_secrets(name, secret, "the secret given to register_endpoint")
     endpoint = WebhookEndpoint(name, url, secret)
     known = _ENDPOINTS.get(name)
     if known is not None and known != endpoint:
@@ -97,23 +107,25 @@ def registered_endpoints() -> tuple[WebhookEndpoint, ...]:
     return tuple(_ENDPOINTS[name] for name in sorted(_ENDPOINTS))
 
 
-def add_secret_source(source: SecretSource) -> None:
+def add_secret_source(source: SecretSource, *, label: SourceLabel | None = None) -> None:
     """Ask `source(endpoint name)` for a secret when neither the code nor the environment gives one; sources
-    are asked in the order added, and None passes to the next."""
-    if source not in _SOURCES:
-        _SOURCES.append(source)
+    are asked in the order added, and None passes to the next. `label(endpoint name)` says where the source
+    looks, for the error that names every place asked (default: `the secret source <its name>`)."""
+    if all(source is not known for known, _ in _SOURCES):
+        _SOURCES.append((source, label or _named_source(source)))
 
 
-def endpoint_secret(endpoint: WebhookEndpoint) -> str:
-    """The endpoint's secret: given in code, else from its environment variable, else from a secret source."""
+def endpoint_secrets(endpoint: WebhookEndpoint) -> tuple[str, ...]:
+    """The endpoint's secrets: given in code, else from its environment variable, else from a secret source.
+    One, or two while the secret is rotated (the new one, then the previous one); each signs every request."""
     if endpoint.secret is not None:
-        return endpoint.secret
+        return check_secrets(endpoint.name, endpoint.secret, "the secret given to register_endpoint")
     variable = endpoint.secret_variable
     found = os.environ.get(variable)
     if found is not None:
-        return check_secret(endpoint.name, found, variable)
-    for source in _SOURCES:
-        where = f"the secret source {getattr(source, '__qualname__', type(source).__name__)}"
+        return check_secrets(endpoint.name, found, variable)
+    for source, label in _SOURCES:
+        where = label(endpoint.name)
         try:
             found = source(endpoint.name)
         except Exception as error:
@@ -121,11 +133,38 @@ def endpoint_secret(endpoint: WebhookEndpoint) -> str:
                 f"webhook endpoint {endpoint.name}: {where} failed ({type(error).__name__})"
             ) from None
         if found is not None:
-            return check_secret(endpoint.name, found, where)
+            return check_secrets(endpoint.name, found, where)
+    asked = ["the code (register_endpoint's secret=)", variable, *(label(endpoint.name) for _, label in _SOURCES)]
+    return _no_secret(endpoint.name, asked)
+
+
+def _no_secret(name: str, asked: list[str]) -> NoReturn:
+    places = ", ".join(asked[:-1]) + " nor " + asked[-1]
     raise WebhookSecretError(
-        f"webhook endpoint {endpoint.name} has no secret: set {variable} (whsec_ and base64), "
-        "give secret= to register_endpoint, or add a secret source"
+        f"webhook endpoint {name} has no secret: neither {places} holds one; put {SECRET_PREFIX} and the"
+        " base64 of 24 to 64 random bytes in one of them"
     )
+
+
+def _named_source(source: SecretSource) -> SourceLabel:
+    name = f"the secret source {getattr(source, '__qualname__', type(source).__name__)}"
+    return lambda _endpoint: name
+
+
+def check_secrets(name: str, value: object, where: str) -> tuple[str, ...]:
+    """The secrets `value` holds, separated by spaces: one, or two while rotating (the new one, then the
+    previous one); each `whsec_` and base64. WebhookSecretError naming `where` otherwise."""
+    if not isinstance(value, str):
+        raise WebhookSecretError(f"webhook endpoint {name}: {where} must be text, not a {type(value).__name__}")
+    secrets = tuple(value.split())
+    if not 1 <= len(secrets) <= MAX_SECRETS:
+        raise WebhookSecretError(
+            f"webhook endpoint {name}: {where} holds {len(secrets)} secrets; one, or two separated by a space"
+            " while rotating (the new one, then the previous one)"
+        )
+    for number, secret in enumerate(secrets, 1):
+        check_secret(name, secret, where if len(secrets) == 1 else f"{where} (secret {number} of {len(secrets)})")
+    return secrets
 
 
 def check_name(name: object) -> None:

@@ -3,8 +3,8 @@
     idempotency key ──sha256──▶ webhook-id `msg_<digest>` (the same for every attempt, on every replica)
     event type, compose's data, now ──▶ body: compact JSON {"type", "timestamp", "data"} ─ > BODY_LIMIT,
                                                                      or a value JSON cannot write ─▶ InvalidBody
-    webhook-id, now, body, secret ──▶ headers: webhook-id, webhook-timestamp, webhook-signature (v1),
-                                      content-type, user-agent
+    webhook-id, now, body, secrets ──▶ headers: webhook-id, webhook-timestamp, webhook-signature (a v1
+                                       signature per secret, separated by a space), content-type, user-agent
 
 The receiver deduplicates by webhook-id, so an attempt after an unclear answer sends the same id with a
 fresh timestamp and signature. Errors name the event type and where in the data a value could not be
@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 import importlib.metadata
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -60,14 +60,20 @@ def body(event_type: str, data: Mapping[str, Any], now: datetime) -> bytes:
     return encoded
 
 
-def signed(msg_id: str, now: datetime, payload: bytes, signer: Webhook) -> SignedRequest:
-    """The request's body and headers, signed for the instant `now`."""
+def signers(secrets: Sequence[str]) -> tuple[Webhook, ...]:
+    """A signer per secret: one, or two while the secret is rotated."""
+    return tuple(Webhook(secret) for secret in secrets)
+
+
+def signed(msg_id: str, now: datetime, payload: bytes, signers: Sequence[Webhook]) -> SignedRequest:
+    """The request's body and headers, signed for the instant `now` by every signer: a receiver that holds
+    any one of the secrets verifies it (Standard Webhooks lists signatures separated by a space)."""
     return SignedRequest(
         payload,
         {
             "webhook-id": msg_id,
             "webhook-timestamp": str(math.floor(now.timestamp())),
-            "webhook-signature": signer.sign(msg_id, now, payload.decode()),
+            "webhook-signature": " ".join(signer.sign(msg_id, now, payload.decode()) for signer in signers),
             "content-type": "application/json",
             "user-agent": USER_AGENT,
         },
