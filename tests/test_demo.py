@@ -1,74 +1,244 @@
 """`outbox demo` itself, as the README's first command runs it: an embedded PostgreSQL, the SMTP sink, the
-Prefect server, deployments, the exporter and workers; a small workload; what a visitor reads of it: the
-summary, the progress bars and the logs the demo's processes wrote."""
+Prefect server, deployments, the exporter and workers; a small workload; what a visitor reads of it, sent to
+a pipe: the lines while it works, the database it prints and the command that reads it, a summary whose
+figures add up against that database, and the logs the demo's processes wrote."""
 
 from __future__ import annotations
 
+import json
 import os
+import queue
 import re
+import shlex
 import shutil
+import signal
 import subprocess
 import sys
+import threading
+import time
+from collections import Counter
 from pathlib import Path
+from typing import IO
+
+from sqlalchemy import text
+
+from demo.postgres import embedded_postgres_server, fresh_database
+from outbox.db import sync_engine
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKERS = 2
+ACTIONS = 60
+PROBE = 100
+# the border characters of rich's tables: a line starting with one is a line of a table
+TABLE_LINE = re.compile(r"^[┏┃┡│├└┌]")
 
 
-def test_the_demo_runs_every_action_to_its_end_and_reports_what_a_visitor_should_see(tmp_path: Path) -> None:
+class Lines:
+    """The lines a process writes, each with the moment it arrived, read by a thread of its own."""
+
+    def __init__(self, stream: IO[str]) -> None:
+        self.arrived: list[tuple[float, str]] = []
+        self._new: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=self._read, args=(stream,), daemon=True).start()
+
+    def _read(self, stream: IO[str]) -> None:
+        for line in stream:
+            self.arrived.append((time.monotonic(), line.rstrip("\n")))
+            self._new.put(line)
+        self._new.put(None)
+
+    def wait_for(self, marker: str, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            line = self._new.get(timeout=max(0.0, deadline - time.monotonic()))
+            assert line is not None, "the demo ended before printing " + repr(marker) + "\n" + self.text()[-4000:]
+            if marker in line:
+                return
+
+    def text(self) -> str:
+        return "\n".join(line for _, line in self.arrived)
+
+    def when(self, text: str) -> float:
+        """When the first line holding `text` arrived."""
+        return next(at for at, line in self.arrived if text in line)
+
+
+def leave_an_earlier_run(data: Path) -> None:
+    """What an earlier demo left in its database `outbox`: a table the next run must not find."""
+    server = embedded_postgres_server(data)
+    engine = sync_engine(fresh_database(server, "outbox"))
+    with engine.begin() as conn:
+        conn.execute(text("CREATE TABLE earlier_run (id int)"))
+    engine.dispose()
+    server.cleanup()  # stops the server, keeps its data
+
+
+def test_the_demo_prints_its_database_and_figures_that_add_up_against_it(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    leave_an_earlier_run(data)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OUTBOX_", "PREFECT_", "XDG_RUNTIME_DIR"))}
-    env.update({"OUTBOX_DATA_DIR": str(tmp_path / "data"), "PYTHONPATH": str(ROOT), "COLUMNS": "160"})
-    command = ["demo", "--actions", "60", "--lanes", "10", "--workers", str(WORKERS), "--timeout", "400"]
-    done = subprocess.run(
-        [sys.executable, "-m", "outbox.cli", *command],
+    env.pop("COLUMNS", None)  # a pipe: rich's 80 columns
+    env.update({"OUTBOX_DATA_DIR": str(data), "PYTHONPATH": str(ROOT)})
+    command = ["demo", "--actions", str(ACTIONS), "--lanes", "10", "--workers", str(WORKERS), "--timeout", "400"]
+    demo = subprocess.Popen(
+        [sys.executable, "-m", "outbox.cli", *command, "--keep-running"],
         env=env,
         cwd=tmp_path,
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
         text=True,
-        timeout=600,
     )
-    output = done.stdout + done.stderr
-    assert done.returncode == 0, output[-4000:]
-    assert "using an embedded PostgreSQL" in output
+    assert demo.stdout is not None
+    lines = Lines(demo.stdout)
+    try:
+        lines.wait_for("--keep-running: the stack stays up", timeout=600)
+        url = lines.text().partition("outbox's database: ")[2].partition("\n")[0]
+        check_the_command_it_prints(lines.text(), url, env)
+        check_the_figures_against_the_database(lines.text(), url)
+    finally:
+        demo.send_signal(signal.SIGINT)  # Ctrl-C
+        demo.wait(300)
+    output = lines.text()
+    assert demo.returncode == 0, output[-4000:]
     assert "RuntimeDirWarning" not in output and "XDG_RUNTIME_DIR" not in output, output[:2000]
-    rows = summary_rows(output)
 
-    assert rows["duplicates at the sink"] == ["0"], rows
-    # a third of the backlog each: emails, webhooks to the receiver, events to the stream
-    outcomes = {name.removeprefix("backlog: "): int(value[0]) for name, value in rows.items() if "CONFIRMED" in name}
-    assert outcomes["WEBHOOK DONE CONFIRMED"] == 20 and outcomes["NATS_EVENT DONE CONFIRMED"] == 20, rows
-    effects, deliveries = (int(n) for n in rows["webhooks at the receiver: effects / deliveries"][0].split(" / "))
-    assert effects == 20 and deliveries >= effects, rows
-    assert rows["events in the stream / distinct Nats-Msg-Id"] == ["20 / 20"], rows
-    for name in ("Prefect UI answers", "metrics answers", "mailbox answers"):
-        assert rows[name] == ["yes"], rows.get(name)
-
-    # the backlog's bar and its throughput measure one interval: the bar shows whole seconds
-    bar = re.search(r"backlog: actions ended since the first enqueue .* 60/60 +0:(\d\d):(\d\d)", output)
-    assert bar, output[-4000:]
-    throughput = re.search(r"\(60 in ([\d.]+) s\)", rows["backlog: throughput, first enqueue to last end"][0])
-    assert throughput, rows
-    assert int(bar[1]) * 60 + int(bar[2]) == int(float(throughput[1])), (bar[0], throughput[0])
-
-    # the pickup of idle executors, in milliseconds: generous on a shared 2-core machine
-    (pickup,) = rows["pickup at 20/s p50 / p95 / p99 (due to fence)"]
-    quantiles = re.search(r"([\d,.]+) ms / ([\d,.]+) ms / ([\d,.]+) ms over \d+ actions", pickup)
-    assert quantiles, pickup
-    assert float(quantiles[1].replace(",", "")) < 2000, pickup
-
-    # every worker ran a drain run of its own, named after it, and its executor claimed before the workload
-    runs = " ".join(rows["drain runs (one per worker)"])
-    workdir = tmp_path / "data" / "demo"
-    for n in range(1, WORKERS + 1):
-        assert f"outbox-worker-{n} " in runs, runs
-        assert f"Beginning flow run 'outbox-worker-{n} " in (workdir / f"worker-{n}.log").read_text()
+    # it showed its progress as it went: the stack's start long before the summary, and what the runs did
+    assert lines.when("every action of this run") - lines.when("starting the SMTP sink") > 10, output[:3000]
+    assert re.search(r"^drain runs: .*; \d+ s so far$", output, re.MULTILINE), output[:3000]
     assert f"{WORKERS} executors claiming" in output
 
-    # no log of the demo's processes holds a traceback, the stop included
-    logs = [*workdir.glob("*.log"), tmp_path / "data" / "pg" / "log"]
+    # the summary, sent to a pipe: every row on one line, within 80 columns
+    table = [line for line in output.splitlines() if TABLE_LINE.match(line)]
+    assert len(table) > 20 and max(len(line) for line in table) <= 80, "\n".join(table)
+    assert all(cells[0] for cells in map(cells_of, table) if cells), "\n".join(table)
+
+    # no log of the demo's processes holds a traceback, the stop on Ctrl-C included
+    workdir = data / "demo"
+    for n in range(1, WORKERS + 1):
+        assert f"Beginning flow run 'outbox-worker-{n} " in (workdir / f"worker-{n}.log").read_text()
+    logs = [*workdir.glob("*.log"), data / "pg" / "log"]
     assert {log.name for log in logs} >= {"prefect-server.log", "exporter.log", "worker-1.log", "log"}
     with_traceback = [log.name for log in logs if "Traceback" in log.read_text(errors="replace")]
     assert not with_traceback, with_traceback
+
+
+def check_the_command_it_prints(output: str, url: str, env: dict[str, str]) -> None:
+    """The printed command reads the printed database; it holds this run's actions only, none unended."""
+    assert url.startswith("postgresql://postgres@/outbox?host="), output[:2000]
+    assert "made empty for this run" in output
+    printed = output.partition("look at it while the demo runs: ")[2].partition("\n")[0]
+    assert shlex.split(printed) == ["outbox", "status", "--database-url", url], printed
+    status = subprocess.run(
+        [sys.executable, "-m", "outbox.cli", *shlex.split(printed)[1:], "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert status.returncode == 0, status.stdout + status.stderr
+    figures = json.loads(status.stdout)
+    assert figures["unended"] == [] and figures["due"] == 0, figures
+    uncertain = {(row["kind"], row["stop_reason"]): row["actions"] for row in figures["uncertain"]}
+    in_the_table = Counter[tuple[str, str]]()
+    for _, kind, state, reason, count in outcomes(output):
+        if state == "UNCERTAIN":
+            in_the_table[(kind, reason)] += count
+    assert uncertain == dict(in_the_table), (uncertain, in_the_table)
+
+
+def check_the_figures_against_the_database(output: str, url: str) -> None:
+    engine = sync_engine(url)
+    try:
+        with engine.connect() as conn:
+            assert conn.execute(text("SELECT to_regclass('earlier_run')")).scalar_one() is None
+            held = conn.execute(
+                text("SELECT kind, state, coalesce(stop_reason, ''), count(*) FROM agent_action GROUP BY 1, 2, 3")
+            ).all()
+            # the backlog's ids come first, the probe's after: the database held nothing before this run
+            by_part = conn.execute(
+                text("""
+                SELECT id > (SELECT min(id) + :backlog - 1 FROM agent_action) AS probe,
+                       count(*),
+                       count(*) FILTER (WHERE write_started_at IS NOT NULL AND attempt = 1),
+                       count(*) FILTER (WHERE write_started_at IS NOT NULL AND attempt > 1)
+                  FROM agent_action GROUP BY 1 ORDER BY 1"""),
+                {"backlog": ACTIONS},
+            ).all()
+    finally:
+        engine.dispose()
+    table = outcomes(output)
+    summed = Counter[tuple[str, str, str]]()
+    for _, kind, state, reason, count in table:
+        summed[(kind, state, reason)] += count
+    assert {(kind, state, reason): n for kind, state, reason, n in held} == dict(summed), (held, table)
+    (_, backlog, backlog_first, backlog_later), (_, probe, probe_first, probe_later) = by_part
+    assert (backlog, probe) == (ACTIONS, PROBE), by_part
+    rows = figure_rows(output)
+
+    # the waits say over which actions they are measured, and why the others are not counted
+    unfenced = backlog - backlog_first - backlog_later
+    over = f"{backlog_first + backlog_later} of {ACTIONS}" + (f": {unfenced} ended before a fence" if unfenced else "")
+    assert rows["backlog wait p50/p95/p99"][1] == over, rows
+    retried = f"; {probe_later} retried" if probe_later else ""
+    assert rows["pickup p50/p95/p99 (20/s)"][1] == f"{probe_first} of {PROBE}: first attempts{retried}", rows
+    pickup = re.fullmatch(r"([\d,.]+) / ([\d,.]+) / ([\d,.]+) ms", rows["pickup p50/p95/p99 (20/s)"][0])
+    assert pickup and float(pickup[1].replace(",", "")) < 2000, rows  # generous on a shared 2-core machine
+
+    # the backlog's progress and its throughput share one clock
+    (seconds,) = re.findall(
+        rf"^backlog: actions ended since the first enqueue: {ACTIONS} of {ACTIONS}, in ([\d.]+) s$", output, re.M
+    )
+    assert re.fullmatch(rf"[\d,]+ actions/s: {ACTIONS} in {seconds} s", rows["backlog throughput"][0]), rows
+
+    # every effect at its provider against the actions' outcomes
+    emails = {
+        state: sum(n for _, kind, s, _, n in table if kind == "EMAIL" and s == state) for state in ("DONE", "UNCERTAIN")
+    }
+    assert rows["messages at the sink"][0] == (
+        f"{emails['DONE'] + emails['UNCERTAIN']}: {emails['DONE']} DONE + {emails['UNCERTAIN']} UNCERTAIN"
+    ), rows
+    assert rows["duplicates at the sink"] == ["0"], rows
+    webhooks = re.fullmatch(r"(\d+) from (\d+) deliveries \((\d+) repeats\)", rows["webhook effects"][0])
+    assert webhooks and int(webhooks[1]) == summed[("WEBHOOK", "DONE", "CONFIRMED")] == ACTIONS // 3, rows
+    assert int(webhooks[2]) - int(webhooks[1]) == int(webhooks[3]), rows
+    events = summed[("NATS_EVENT", "DONE", "CONFIRMED")]
+    assert events == ACTIONS // 3 and rows["events in the stream"] == [f"{events} ({events} distinct Nats-Msg-Id)"]
+    assert [rows[f"drain run {n}"][0].split()[0] for n in range(1, WORKERS + 1)] == [
+        f"outbox-worker-{n}" for n in range(1, WORKERS + 1)
+    ], rows
+    assert rows["answering"] == ["Prefect UI, metrics, mailbox"], rows
+
+
+def cells_of(line: str) -> list[str]:
+    """The cells of a table's row (none for a border line)."""
+    if not line.startswith(("│", "┃")):
+        return []
+    return [cell.strip() for cell in re.split("[│┃]", line)[1:-1]]
+
+
+def outcomes(output: str) -> list[tuple[str, str, str, str, int]]:
+    """The outcomes table's rows: (part, kind, state, reason, actions), its `all` rows left out."""
+    rows = [cells_of(line) for line in output.partition("every action of this run")[2].splitlines()]
+    return [
+        (part, kind, state, reason, int(count.replace(",", "")))
+        for part, kind, state, reason, count in (row for row in rows if len(row) == 5)
+        if part in ("backlog", "probe") and kind != "all"
+    ]
+
+
+def figure_rows(output: str) -> dict[str, list[str]]:
+    """The figures table: each figure's value, then the `measured over` row that follows it, if any."""
+    rows: dict[str, list[str]] = {}
+    name = ""
+    for cells in map(cells_of, output.partition("figures, and what each one counts")[2].splitlines()):
+        if len(cells) != 2:
+            continue
+        if cells[0] == "measured over":
+            rows[name].append(cells[1])
+        else:
+            name = cells[0]
+            rows[name] = [cells[1]]
+    return rows
 
 
 def test_outside_a_clone_the_demo_says_so_in_one_line_and_starts_nothing(tmp_path: Path) -> None:
@@ -85,16 +255,3 @@ def test_outside_a_clone_the_demo_says_so_in_one_line_and_starts_nothing(tmp_pat
     assert done.returncode == 2, done.stdout + done.stderr
     assert done.stderr.count("\n") == 1 and "runs from a clone of the outbox repository" in done.stderr, done.stderr
     assert not (tmp_path / "data").exists()
-
-
-def summary_rows(output: str) -> dict[str, list[str]]:
-    """The summary table's rows by their first cell: the lines of each row's second cell."""
-    rows: dict[str, list[str]] = {}
-    name = ""
-    for line in output.splitlines():
-        cells = [cell.strip() for cell in line.strip().strip("│").split("│")]
-        if len(cells) != 2:
-            continue
-        name = cells[0] or name
-        rows.setdefault(name, []).append(cells[1])
-    return rows

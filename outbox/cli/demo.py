@@ -47,11 +47,17 @@ def demo(
         "--database-url",
         envvar=setting_variable("database_url"),
         show_envvar=True,
-        help="outbox's database; without one, the embedded PostgreSQL under OUTBOX_DATA_DIR (.outbox),"
-        " which keeps the Prefect server's state in any case.",
+        help="outbox's database, kept as it is: the demo adds its actions. Without one, the database"
+        " `outbox` of an embedded PostgreSQL under OUTBOX_DATA_DIR (.outbox), made empty at each run's start;"
+        " that server keeps the Prefect server's state in any case.",
     ),
 ) -> None:
-    """Run outbox for real on this machine: every component started here, a workload, a summary."""
+    """Run outbox for real on this machine: every component started here, a workload, a summary.
+
+    It prints outbox's database URL and the `outbox status` command that reads it while the demo runs
+    (--keep-running keeps it up after the summary), its progress as it goes (plain lines every few seconds
+    when sent to a file or a pipe), then every action's outcome and the figures, each saying what it counts.
+    """
     missing = [name for name in _EXTRA if importlib.util.find_spec(name) is None]
     if missing:
         raise OutboxError(

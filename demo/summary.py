@@ -1,0 +1,209 @@
+"""The summary `outbox demo` prints once its workload ended: every action's outcome, and figures that add up.
+
+    the workload's ids ─▶ outcomes by part (backlog, probe), kind, state and reason ─▶ the outcomes table
+                       ─▶ fences (first attempt, later, none) and the waits' quantiles ─┐
+    the SMTP sink, the webhook receiver, the stream, the drain runs, the URLs ──────────┴▶ the figures table
+
+Each figure says what it counts when that is not every action of its part: a wait is measured over the
+actions that reached their fence (an action cancelled before its fence has none), the pickup over first
+attempts only (a retried one waited for its backoff, not for a pickup); the sink's messages are the emails
+that reached DATA, DONE or UNCERTAIN (the relay kept an UNCERTAIN one, then its answer was lost); the
+receiver's deliveries include the repeats it deduplicated by webhook-id.
+
+Both tables fit 80 columns at the demo's sizes. Sent to a file or a pipe, a table is printed as wide as it
+needs (rich would wrap its cells at 80 columns otherwise), so every row stays one line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import nats
+from rich.console import Console
+from rich.measure import Measurement
+from rich.table import Table
+from sqlalchemy import Connection, Engine, text
+
+from demo.stack import Stack, answers
+from examples.accounts import events
+
+
+@dataclass(frozen=True)
+class Ids:
+    """The actions a part of the workload enqueued: ids first..last (nothing else enqueues between)."""
+
+    first: int
+    last: int
+
+    def params(self) -> dict[str, int]:
+        return {"first": self.first, "last": self.last}
+
+
+@dataclass(frozen=True)
+class Workload:
+    # the kinds of the backlog, in the turn its alerts take them
+    kinds: tuple[str, ...]
+    backlog: Ids
+    probe: Ids
+    # the probe's emails a second
+    probe_rate: float
+    # from the backlog's first enqueue to the moment its last action ended
+    seconds: float
+
+
+@dataclass(frozen=True)
+class Fences:
+    """A part's actions by the attempt that reached the fence last: the first, a later one, or none."""
+
+    total: int
+    first: int
+    later: int
+
+    @property
+    def none(self) -> int:
+        return self.total - self.first - self.later
+
+
+class Outcome(NamedTuple):
+    kind: str
+    state: str
+    reason: str | None
+    actions: int
+
+
+OUTCOMES = text(
+    "SELECT kind, state, stop_reason, count(*) FROM agent_action WHERE id BETWEEN :first AND :last"
+    " GROUP BY 1, 2, 3 ORDER BY 1, 4 DESC"
+)
+FENCES = text("""
+    SELECT count(*),
+           count(*) FILTER (WHERE write_started_at IS NOT NULL AND attempt = 1),
+           count(*) FILTER (WHERE write_started_at IS NOT NULL AND attempt > 1)
+      FROM agent_action
+     WHERE id BETWEEN :first AND :last
+""")
+# from when each action was due (its enqueue's commit, or its retry's time) to its last fence, on the
+# database clock; with first_only, the actions fenced in their first attempt only
+WAIT = text("""
+    SELECT percentile_cont(ARRAY[0.5, 0.95, 0.99]) WITHIN GROUP
+               (ORDER BY extract(epoch FROM write_started_at - due_at))
+      FROM agent_action
+     WHERE id BETWEEN :first AND :last AND write_started_at IS NOT NULL AND (attempt = 1 OR NOT :first_only)
+""")
+
+
+def print_summary(console: Console, engine: Engine, workload: Workload, stack: Stack, runs: list[str]) -> None:
+    with engine.connect() as conn:
+        parts = {"backlog": workload.backlog, "probe": workload.probe}
+        outcomes = {
+            part: [Outcome(*row) for row in conn.execute(OUTCOMES, ids.params())] for part, ids in parts.items()
+        }
+        figures = figures_table(conn, workload, outcomes, stack, runs)
+    print_table(console, outcomes_table(outcomes))
+    print_table(console, figures)
+
+
+def print_table(console: Console, table: Table) -> None:
+    """On a terminal, as wide as the terminal; elsewhere as wide as the table needs: no row wraps."""
+    if console.is_terminal:
+        console.print(table)
+        return
+    needed = Measurement.get(console, console.options.update(max_width=10_000), table).maximum
+    console.print(table, width=max(console.width, needed))
+
+
+def outcomes_table(outcomes: dict[str, list[Outcome]]) -> Table:
+    table = Table(title="every action of this run, by how it ended")
+    for name in ("part", "kind", "state", "reason"):
+        table.add_column(name)
+    table.add_column("actions", justify="right")
+    for part, rows in outcomes.items():
+        for kind, state, reason, count in rows:
+            table.add_row(part, kind, state, reason or "", f"{count:,}")
+        table.add_row(part, "all", "", "", f"{sum(row.actions for row in rows):,}", end_section=True)
+    return table
+
+
+def figures_table(
+    conn: Connection, workload: Workload, outcomes: dict[str, list[Outcome]], stack: Stack, runs: list[str]
+) -> Table:
+    table = Table(title="figures, and what each one counts", show_header=False)
+    for name, value in [
+        *wait_rows(conn, workload),
+        *effect_rows(outcomes, stack),
+        *((f"drain run {n}", name) for n, name in enumerate(sorted(r["name"] for r in stack.flow_runs(runs)), 1)),
+    ]:
+        table.add_row(name, value)
+    urls = {"Prefect UI": stack.prefect_url, "metrics": stack.metrics_url, "mailbox": stack.mailbox_url}
+    silent = [name for name, url in urls.items() if not answers(url)]
+    table.add_row("answering", "NOT " + ", ".join(silent) if silent else ", ".join(urls))
+    return table
+
+
+def wait_rows(conn: Connection, workload: Workload) -> list[tuple[str, str]]:
+    """The backlog's throughput and wait, the probe's pickup, and which actions each one counts."""
+    backlog = Fences(*conn.execute(FENCES, workload.backlog.params()).one())
+    probe = Fences(*conn.execute(FENCES, workload.probe.params()).one())
+    rate = backlog.total / workload.seconds
+    before = f": {backlog.none:,} ended before a fence" if backlog.none else ""
+    return [
+        ("backlog throughput", f"{rate:,.0f} actions/s: {backlog.total:,} in {workload.seconds:.1f} s"),
+        ("backlog wait p50/p95/p99", _quantiles(conn, workload.backlog, first_only=False)),
+        ("  measured over", f"{backlog.first + backlog.later:,} of {backlog.total:,}{before}"),
+        (f"pickup p50/p95/p99 ({workload.probe_rate:g}/s)", _quantiles(conn, workload.probe, first_only=True)),
+        ("  measured over", f"{probe.first:,} of {probe.total:,}: first attempts{_others(probe)}"),
+    ]
+
+
+def effect_rows(outcomes: dict[str, list[Outcome]], stack: Stack) -> list[tuple[str, str]]:
+    """What reached the SMTP sink, the webhook receiver and the stream, against the actions' outcomes."""
+    assert stack.sink is not None and stack.receiver is not None
+    emails: Counter[str] = Counter()  # the backlog's and the probe's, by state
+    for part in outcomes.values():
+        emails.update({state: n for kind, state, _, n in part if kind == "EMAIL"})
+    duplicates = sum(1 for n in stack.sink.count_by_message_id().values() if n > 1)
+    deliveries = stack.receiver.deliveries()
+    kept = sum(deliveries.values())
+    rows = [
+        (
+            "messages at the sink",
+            f"{len(stack.sink.received):,}: {emails['DONE']:,} DONE + {emails['UNCERTAIN']:,} UNCERTAIN",
+        ),
+        ("duplicates at the sink", str(duplicates)),
+        ("webhook effects", f"{len(deliveries):,} from {kept:,} deliveries ({kept - len(deliveries):,} repeats)"),
+    ]
+    if stack.nats is not None:
+        held = asyncio.run(stream_messages(stack.nats.url, events.STREAM))
+        rows.append(("events in the stream", f"{sum(held.values()):,} ({len(held):,} distinct Nats-Msg-Id)"))
+    return rows
+
+
+def _quantiles(conn: Connection, ids: Ids, *, first_only: bool) -> str:
+    quantiles = conn.execute(WAIT, {**ids.params(), "first_only": first_only}).scalar_one()
+    if quantiles is None:
+        return "-"
+    return " / ".join(f"{1000 * q:,.1f}" for q in quantiles) + " ms"
+
+
+def _others(fences: Fences) -> str:
+    """The probe's actions the pickup does not count, and why."""
+    later = f"; {fences.later:,} retried" if fences.later else ""
+    return later + (f"; {fences.none:,} ended before a fence" if fences.none else "")
+
+
+async def stream_messages(url: str, stream: str) -> Counter[str]:
+    """How many messages of `stream` carry each Nats-Msg-Id, read one by one by sequence."""
+    client = await nats.connect(url, connect_timeout=2, allow_reconnect=False)
+    try:
+        js = client.jetstream()
+        state = (await js.stream_info(stream)).state
+        held: Counter[str] = Counter()
+        for seq in range(state.first_seq, state.last_seq + 1) if state.messages else ():
+            message = await js.get_msg(stream, seq)
+            held[(message.headers or {}).get("Nats-Msg-Id", "")] += 1
+        return held
+    finally:
+        await client.close()
