@@ -339,15 +339,33 @@ class Stack:
         kill_all(children)
         process.wait(10)
 
+    def stop_drain(self) -> None:
+        """Pause the drain deployment, then stop every worker at once, as replicas being stopped: their runs
+        hand back what they have not fenced and end Completed, with nothing taking their place (a Prefect
+        server that does not answer leaves them to be replaced, on a stack that is going). Whatever a worker
+        started and left behind is killed last."""
+        if self.prefect_url and "prefect-server" in self.processes:
+            with contextlib.suppress(httpx.HTTPError):
+                self.pause_drain()
+        workers = [name for name in self.processes if name.startswith("worker")]
+        started = [child for name in workers for child in descendants(self.processes[name].pid)]
+        for name in workers:  # all at once: each waits for its runs to hand back
+            if self.processes[name].poll() is None:
+                self.processes[name].send_signal(signal.SIGTERM)
+        for name in workers:
+            process = self.processes.pop(name)
+            try:
+                process.wait(90)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(10)
+        kill_all(started)
+
     def stop(self) -> None:
-        """The drain deployment paused, then the workers (their runs hand back what they have not fenced and
-        end Completed, with nothing taking their place), then everything else; whatever a child started and
-        left behind goes last. A Prefect server that does not answer leaves the runs to be replaced, on a
-        stack that is going. A Ctrl-C meanwhile kills what is left at once."""
+        """The drain first (stop_drain), then everything else, the Prefect server last; whatever a child
+        started and left behind goes last. A Ctrl-C meanwhile kills what is left at once."""
         try:
-            if self.prefect_url and "prefect-server" in self.processes:
-                with contextlib.suppress(httpx.HTTPError):
-                    self.pause_drain()
+            self.stop_drain()
             self._stop_in_order()
         except KeyboardInterrupt:
             for name in list(self.processes):
@@ -364,21 +382,9 @@ class Stack:
                 self.nats.stop()
 
     def _stop_in_order(self) -> None:
-        order = sorted(self.processes, key=lambda n: (not n.startswith("worker"), n == "prefect-server"))
+        order = sorted(self.processes, key=lambda n: n == "prefect-server")
         started = [child for name in order for child in descendants(self.processes[name].pid)]
-        workers = [self.processes[name] for name in order if name.startswith("worker")]
-        for worker in workers:  # all at once: each waits for its runs to hand back
-            if worker.poll() is None:
-                worker.send_signal(signal.SIGTERM)
         for name in order:
-            process = self.processes[name]
-            if process in workers:
-                try:
-                    process.wait(90)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-                    process.wait(10)
-            else:
-                stop_process(process, 60)
+            stop_process(self.processes[name], 60)
         kill_all(started)
         self.processes.clear()

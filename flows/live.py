@@ -3,15 +3,17 @@
     executor claims ─▶ at once, then every LIVE_SECONDS until the run ends:
         the executor's Outcomes so far (attempts by kind, result, recorded)
         + outbox.ops.status (due now, waiting behind lane heads, oldest due) + outbox.ops.lanes (deepest)
-        ─▶ LiveView ─┬─▶ one markdown artifact (key outbox-drain-live): created at the first refresh,
-                     │   then updated in place (the same row: no new version)
+        ─▶ LiveView ─┬─▶ one markdown artifact (key outbox-drain-live): created at the first refresh
+                     │   with something to show (an attempt, or anything unended in the outbox), then
+                     │   updated in place (the same row: no new version)
                      └─▶ one INFO log line (`live: ...`), at the first refresh and then when the figures
                          moved, at most once every LOG_SECONDS
 
-What it costs the Prefect server's database, per run: one artifact row (the hand-over table, when the run
-attempted something, is a second), and at most one log line a minute while the figures move (an idle
-outbox writes none after the first). A day of 288 runs writes at most 288 live artifacts, and 1,440 live
-lines per executor that is busy all day. The backlog is read on the outbox database with the statements of
+What it costs the Prefect server's database, per run: one artifact row and one event (its key's newest
+version changed; the hand-over table, when the run attempted something, is a second of each), none when
+the outbox was empty throughout; one live log line at the first claim, then at most one a minute while the
+figures move. A day of 288 runs writes at most 288 live artifacts, and at most 1,440 live lines per
+executor that is busy all day. The backlog is read on the outbox database with the statements of
 `outbox status` and `outbox lanes`, once per refresh.
 
 The Prefect API or the database being unreachable never stops the executor: the refresh is skipped, one
@@ -53,6 +55,11 @@ class LiveView:
     attempts: dict[tuple[str, str, bool], int]
     backlog: Status
     deepest: tuple[Lane, ...]
+
+    @property
+    def empty(self) -> bool:
+        """No attempt so far and nothing unended in the outbox: nothing to show beyond the log line."""
+        return not self.attempts and not self.backlog.unended
 
     def moved_since(self, other: LiveView | None) -> bool:
         """Whether the counts differ from `other`'s (ages grow by themselves: they do not count)."""
@@ -139,7 +146,8 @@ async def show_live(executor: Executor, engine: AsyncEngine, logger: Any) -> Non
             if view.moved_since(logged) and loop.time() - logged_at >= LOG_SECONDS:
                 logger.info("%s", view.line())
                 logged, logged_at = view, loop.time()
-            artifact = await publish(view, artifact)
+            if artifact is not None or not view.empty:
+                artifact = await publish(view, artifact)
             failing = False
         except Exception as error:  # the API or the database is down or slow: the executor drains on
             if not failing:

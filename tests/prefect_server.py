@@ -27,6 +27,7 @@ from tests.support import prefect_post
 class PrefectServer:
     url: str  # http://127.0.0.1:<port>
     home: Path
+    ui: bool = False  # whether it serves the Prefect UI (for a browser) besides its API
 
     def env(self) -> dict[str, str]:
         return {
@@ -34,7 +35,7 @@ class PrefectServer:
             "PREFECT_HOME": str(self.home),
             "PREFECT_API_URL": f"{self.url}/api",
             "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-            "PREFECT_SERVER_UI_ENABLED": "false",
+            "PREFECT_SERVER_UI_ENABLED": "true" if self.ui else "false",
             "COLUMNS": "500",  # the CLI's messages on one line each
         }
 
@@ -72,7 +73,11 @@ def flush_prefect_workers() -> None:
 def prefect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrefectServer]:
     """`prefect server start` on a free loopback port, with a PREFECT_HOME of its own; this process's
     Prefect client points at it for the module. Stopped by its PID: SIGTERM, then SIGKILL."""
-    server = PrefectServer(f"http://127.0.0.1:{free_port()}", tmp_path_factory.mktemp("prefect-home"))
+    yield from serve(PrefectServer(f"http://127.0.0.1:{free_port()}", tmp_path_factory.mktemp("prefect-home")))
+
+
+def serve(server: PrefectServer) -> Iterator[PrefectServer]:
+    """Start `server`, point this process's Prefect client at it while the caller uses it, then stop it."""
     port = server.url.rpartition(":")[2]
     command = [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", port]
     with (server.home / "server.log").open("ab") as log:
