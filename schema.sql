@@ -1,4 +1,4 @@
--- outbox's schema at revision 0015, as PostgreSQL 18 dumps it. Generated from the migrations
+-- outbox's schema at revision 0016, as PostgreSQL 18 dumps it. Generated from the migrations
 -- by `python -m tests.schema_dump`; do not edit: the revisions in migrations/versions/ are the source.
 
 --
@@ -262,6 +262,7 @@ CREATE TABLE public.agent_action (
     last_error text,
     trace jsonb,
     lane_head boolean DEFAULT false NOT NULL,
+    trace_context jsonb,
     CONSTRAINT ck_agent_action_attempt CHECK (((attempt >= 0) AND (attempt <= max_attempts))),
     CONSTRAINT ck_agent_action_ended_at CHECK (((ended_at IS NULL) = (stop_reason IS NULL))),
     CONSTRAINT ck_agent_action_idempotency_key CHECK ((idempotency_key <> ''::text)),
@@ -464,6 +465,13 @@ ALTER TABLE ONLY public.agent_executor
 
 ALTER TABLE ONLY public.agent_maintenance
     ADD CONSTRAINT agent_maintenance_pkey PRIMARY KEY (job);
+
+--
+-- Name: agent_action ck_agent_action_trace_context; Type: CHECK CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE public.agent_action
+    ADD CONSTRAINT ck_agent_action_trace_context CHECK (((jsonb_typeof(trace_context) = 'object'::text) AND (char_length((trace_context)::text) <= 1024))) NOT VALID;
 
 --
 -- Name: outbox_alembic_version outbox_alembic_version_pkc; Type: CONSTRAINT; Schema: public; Owner: -

@@ -17,7 +17,9 @@ key holds without inserting, for a caller that would not insert (an email that r
 The caller owns the transaction: outbox never commits or rolls back, so the action exists exactly when
 the caller's change commits. Sync (SQLAlchemy `Connection`, `Session`, a psycopg `Connection`) and async
 (`AsyncConnection`, `AsyncSession`, a psycopg `AsyncConnection`) functions mirror each other by name;
-`outbox.caller` runs the statements on whichever the caller holds.
+`outbox.caller` runs the statements on whichever the caller holds. Every route stores the trace context of
+the span active at the call (`outbox.tracing`, when the application uses OpenTelemetry) with the actions it
+inserts.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from typing import Any
 
 from sqlalchemy import TextClause
 
-from outbox import kind_rows
+from outbox import kind_rows, tracing
 from outbox.action import Action
 from outbox.errors import ActionNotFound, InvalidRequest, TransitionRefused
 from outbox.requests import ActionRequest, ValidRequest, validate
@@ -162,6 +164,11 @@ def _returned(valid: list[ValidRequest], by_key: dict[str, Action]) -> list[Acti
 # -- enqueue
 
 
+def _insert(valid: list[ValidRequest]) -> store.Query[store.Inserted]:
+    """The statement that inserts `valid`, with the trace context of the span active now (if any)."""
+    return store.insert_actions(valid, tracing.enqueue_context())
+
+
 def enqueue_many(conn: SyncConnection, requests: Sequence[ActionRequest]) -> list[Action]:
     """Insert the actions in the caller's transaction, in one round trip; return them in request order.
 
@@ -171,7 +178,7 @@ def enqueue_many(conn: SyncConnection, requests: Sequence[ActionRequest]) -> lis
     valid = _valid(requests)
     if not valid:
         return []
-    by_key, missing = _found(valid, run(conn, store.insert_actions(valid)), many=True)
+    by_key, missing = _found(valid, run(conn, _insert(valid)), many=True)
     if missing:
         raced = run(conn, store.actions_by_key(missing))
         by_key = by_key | raced
@@ -183,7 +190,7 @@ async def enqueue_many_async(conn: AsyncConn, requests: Sequence[ActionRequest])
     valid = _valid(requests)
     if not valid:
         return []
-    by_key, missing = _found(valid, await run_async(conn, store.insert_actions(valid)), many=True)
+    by_key, missing = _found(valid, await run_async(conn, _insert(valid)), many=True)
     if missing:
         raced = await run_async(conn, store.actions_by_key(missing))
         by_key = by_key | raced
@@ -194,7 +201,7 @@ def enqueue(conn: SyncConnection, request: ActionRequest) -> Action:
     """Insert the action in the caller's transaction and return it (`created` True); or return the first one
     with the same key, unchanged (`created` False, `differing_fields` naming what this request holds otherwise)."""
     valid = [validate(request)]
-    by_key, missing = _found(valid, run(conn, store.insert_actions(valid)), many=False)
+    by_key, missing = _found(valid, run(conn, _insert(valid)), many=False)
     if missing:
         by_key = run(conn, store.actions_by_key(missing))
     return _returned(valid, by_key)[0]
@@ -203,7 +210,7 @@ def enqueue(conn: SyncConnection, request: ActionRequest) -> Action:
 async def enqueue_async(conn: AsyncConn, request: ActionRequest) -> Action:
     """`enqueue` for an `AsyncConnection`, an `AsyncSession` or a psycopg `AsyncConnection`."""
     valid = [validate(request)]
-    by_key, missing = _found(valid, await run_async(conn, store.insert_actions(valid)), many=False)
+    by_key, missing = _found(valid, await run_async(conn, _insert(valid)), many=False)
     if missing:
         by_key = await run_async(conn, store.actions_by_key(missing))
     return _returned(valid, by_key)[0]

@@ -33,6 +33,8 @@ PAGES = [README, *sorted((ROOT / "docs").glob("*.md"))]
 EXAMPLE = re.compile(r"<!-- example: ([\w-]+) -->\n```python\n(.*?)```", re.S)
 # the migration examples run in tests/test_migration_history.py, through the alembic and manage.py commands
 MIGRATION_EXAMPLES = {"alembic-revision", "django-migration", "kind-declaration", "kind-revision"}
+# the tracing set-up runs in tests/test_tracing.py, against an OTLP/HTTP receiver
+TRACING_EXAMPLES = {"tracing-setup"}
 TESTED_EXAMPLES = {
     "enqueue",
     "adapter",
@@ -42,6 +44,7 @@ TESTED_EXAMPLES = {
     "notice",
     "database-url",
     *MIGRATION_EXAMPLES,
+    *TRACING_EXAMPLES,
 }
 
 

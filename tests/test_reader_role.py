@@ -37,6 +37,7 @@ READABLE = {
     "ended_at",
     "last_error",
     "trace",
+    "trace_context",
     "lane_head",
 }
 PERSONAL = {"payload", "idempotency_key", "subject_account_id", "workspace_id", "readback_ref"}

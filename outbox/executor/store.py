@@ -259,4 +259,5 @@ def claimed_action(row: Any, *, fresh: bool) -> ClaimedAction:
         lease_seconds=row.lease_seconds,
         pickup_seconds=max(0.0, row.pickup_seconds) if fresh else None,
         trace=row.trace,
+        trace_context=row.trace_context,
     )

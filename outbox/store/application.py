@@ -49,7 +49,8 @@ _NO_ACTION = ", ".join("NULL" for _ in ACTION_COLUMNS.split(","))
 # usable. A repeated idempotency key inserts nothing: the statement also returns the rows that held the
 # key before it began (`created` false); a racing duplicate waits for the first to commit, and its row is
 # read by `SELECT_ACTIONS_BY_KEY` (a new snapshot). The refusals share one column, since every column of
-# the result costs the caller's driver time on every enqueue.
+# the result costs the caller's driver time on every enqueue. `:trace_context`: the enqueuing code's W3C trace
+# context (outbox.tracing), one for the whole batch, or null.
 INSERT_ACTIONS = text(f"""
 WITH input AS MATERIALIZED (
     SELECT r->>0 AS kind, (r->>1)::bigint AS workspace_id, r->>2 AS lane_key, r->>3 AS idempotency_key,
@@ -69,9 +70,9 @@ WITH input AS MATERIALIZED (
       WHERE expires_at <= clock_timestamp() ORDER BY position LIMIT 1)
 ), inserted AS (
     INSERT INTO agent_action (kind, workspace_id, lane_key, idempotency_key, payload,
-                              subject_account_id, max_attempts, expires_at, state)
+                              subject_account_id, max_attempts, expires_at, state, trace_context)
     SELECT kind, workspace_id, lane_key, idempotency_key, CAST(payload AS jsonb),
-           subject_account_id, max_attempts, expires_at, state
+           subject_account_id, max_attempts, expires_at, state, CAST(:trace_context AS jsonb)
       FROM input WHERE NOT EXISTS (SELECT FROM refused) ORDER BY hashtext(lane_key), position
     ON CONFLICT (idempotency_key) DO NOTHING
     RETURNING {ACTION_COLUMNS}
@@ -110,8 +111,9 @@ class Inserted:
     expired: tuple[int, datetime] | None = None
 
 
-def insert_actions(requests: Sequence[ValidRequest]) -> Query[Inserted]:
-    """The actions of `requests`, in their order, in one statement (see INSERT_ACTIONS)."""
+def insert_actions(requests: Sequence[ValidRequest], trace_context: str | None = None) -> Query[Inserted]:
+    """The actions of `requests`, in their order, in one statement (see INSERT_ACTIONS); `trace_context`: the
+    JSON text each new action keeps as its trace_context."""
     rows = [
         [
             r.kind.name,
@@ -128,7 +130,7 @@ def insert_actions(requests: Sequence[ValidRequest]) -> Query[Inserted]:
     ]
     kinds = [[k.name, k.at_most_once, k.instance_level, k.workspace_level] for k in {r.kind for r in requests}]
     # one JSON parameter, however many requests: Python encodes it in C
-    params = {"requests": json.dumps(rows), "kinds": json.dumps(kinds)}
+    params = {"requests": json.dumps(rows), "kinds": json.dumps(kinds), "trace_context": trace_context}
     return Query(INSERT_ACTIONS, params, _inserted)
 
 

@@ -1,0 +1,499 @@
+"""One trace from the request to the provider, through the outbox: OpenTelemetry's SDK exporting over OTLP/HTTP.
+
+    FastAPI request (a server span) ─ enqueue a webhook and an event ─▶ agent_action.trace_context
+    drain (a real executor) ─▶ attempt spans ─▶ webhook receiver (continues the trace from `traceparent`)
+                                            └─▶ nats-server ─▶ a JetStream consumer reads the headers
+    every span ─ OTLPSpanExporter ─▶ Collector, an OTLP/HTTP receiver of the test's own (protobuf decoded)
+
+The tracer provider is the one docs/tracing.md configures (its example `tracing-setup`), set once for this
+process; each test finds its own spans by trace or action id.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import logging
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import httpx
+import nats
+import psycopg
+import pytest
+from fastapi import FastAPI
+from nats.js.api import StreamConfig
+from opentelemetry import trace
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+from sqlalchemy import Engine, text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+import outbox
+from demo.nats import NatsServer
+from outbox.nats import NatsEvent, enqueue_event_async
+from outbox.nats import events as nats_registry
+from outbox.nats import register as register_event
+from outbox.requests import ActionRequest
+from outbox.testing import drain
+from outbox.webhook import WebhookEvent, enqueue_webhook_async, register, register_endpoint
+from outbox.webhook import endpoints as endpoint_registry
+from outbox.webhook import events as event_registry
+from tests import kinds
+from tests.adapters import ScriptedAdapter
+from tests.support import until
+from tests.test_docs import example
+from tests.test_enqueue_psycopg import libpq_url
+
+ROOT = Path(__file__).resolve().parent.parent
+SECRET = "whsec_" + "a2trLWtrLWtrLWtrLWtrLWtrLWtrLWtrLWtrLWtrLWs="
+SPAN_SECONDS = 30.0
+
+
+@dataclass
+class Collector:
+    """An OTLP/HTTP trace receiver on a free port: every span it was sent, decoded from protobuf."""
+
+    spans: list[dict[str, Any]] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def start(self) -> Collector:
+        collector = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                if self.headers.get("Content-Encoding") == "gzip":
+                    body = gzip.decompress(body)
+                request = ExportTraceServiceRequest()
+                request.ParseFromString(body)
+                collector.add(request)
+                answer = ExportTraceServiceResponse().SerializeToString()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/x-protobuf")
+                self.send_header("Content-Length", str(len(answer)))
+                self.end_headers()
+                self.wfile.write(answer)
+
+            def log_message(self, format: str, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        return self
+
+    def add(self, request: ExportTraceServiceRequest) -> None:
+        found = [
+            {
+                "trace_id": span.trace_id.hex(),
+                "span_id": span.span_id.hex(),
+                "parent_id": span.parent_span_id.hex(),
+                "name": span.name,
+                "kind": span.kind,
+                "status": span.status.code,
+                "status_message": span.status.message,
+                "attributes": {a.key: _value(a.value) for a in span.attributes},
+                "events": [(e.name, {a.key: _value(a.value) for a in e.attributes}) for e in span.events],
+                "links": [link.trace_id.hex() for link in span.links],
+            }
+            for resource in request.resource_spans
+            for scope in resource.scope_spans
+            for span in scope.spans
+        ]
+        with self.lock:
+            self.spans += found
+
+    def matching(self, **attributes: Any) -> list[dict[str, Any]]:
+        with self.lock:
+            return [s for s in self.spans if all(s["attributes"].get(k) == v for k, v in attributes.items())]
+
+    def in_trace(self, trace_id: str) -> list[dict[str, Any]]:
+        with self.lock:
+            return [s for s in self.spans if s["trace_id"] == trace_id]
+
+
+def _value(value: Any) -> Any:
+    return getattr(value, value.WhichOneof("value"))
+
+
+@pytest.fixture(scope="module")
+def collector() -> Iterator[Collector]:
+    """The collector, and this process's tracer provider exporting to it, as docs/tracing.md sets one up."""
+    running = Collector().start()
+    saved = os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+    os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = running.url
+    namespace: dict[str, Any] = {}
+    code, page = example("tracing-setup")
+    exec(compile(code, page, "exec"), namespace)
+    namespace["export_traces"]("outbox-tests")
+    provider = trace.get_tracer_provider()
+    assert isinstance(provider, TracerProvider), "another tracer provider was set in this process first"
+    running.flush = provider.force_flush  # type: ignore[attr-defined]
+    running.setup = namespace  # type: ignore[attr-defined]
+    yield running
+    if saved is None:
+        del os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"]
+    else:
+        os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = saved
+    running.server.shutdown()
+    running.server.server_close()
+
+
+@pytest.fixture(autouse=True)
+def fresh_spans(collector: Collector) -> None:
+    """Each test's databases number their actions from 1 again: each test reads only its own spans."""
+    collector.flush()  # type: ignore[attr-defined]
+    with collector.lock:
+        collector.spans.clear()
+
+
+def ancestors(collector: Collector, trace_id: str, span: dict[str, Any]) -> list[str]:
+    """The ids of `span`'s parent, its parent's parent, ... as far as the collector holds them."""
+    by_id = {s["span_id"]: s for s in collector.in_trace(trace_id)}
+    found = []
+    while span["parent_id"] in by_id:
+        span = by_id[span["parent_id"]]
+        found.append(span["span_id"])
+    return found
+
+
+def spans_of(collector: Collector, count: int, **attributes: Any) -> list[dict[str, Any]]:
+    """The spans with these attributes, once at least `count` of them have arrived."""
+    collector.flush()  # type: ignore[attr-defined]
+    until(lambda: len(collector.matching(**attributes)) >= count, SPAN_SECONDS, f"{count} spans {attributes}")
+    return collector.matching(**attributes)
+
+
+# -- the webhook and the event of the test's application
+
+
+class OrderPaidHook(WebhookEvent):
+    name = "order.paid"
+    endpoint = "shop"
+    workspace_scoped = False
+    query = None
+
+    def params(self, event: dict[str, Any]) -> dict[str, Any]:
+        return {}
+
+    def compose(self, event: dict[str, Any], rows: Any) -> dict[str, Any]:
+        return {"order_id": event["order_id"]}
+
+    def idempotency_key(self, event: dict[str, Any]) -> str:
+        return f"order.paid:{event['order_id']}"
+
+    def lane_key(self, event: dict[str, Any]) -> str:
+        return f"order:{event['order_id']}:webhook"
+
+
+class OrderPaidEvent(NatsEvent):
+    name = "order.paid"
+    workspace_scoped = False
+    query = None
+
+    def subject(self, event: dict[str, Any]) -> str:
+        return "shop.orders.paid"
+
+    def params(self, event: dict[str, Any]) -> dict[str, Any]:
+        return {}
+
+    def compose(self, event: dict[str, Any], rows: Any) -> dict[str, Any]:
+        return {"order_id": event["order_id"]}
+
+    def idempotency_key(self, event: dict[str, Any]) -> str:
+        return f"order.paid.event:{event['order_id']}"
+
+    def lane_key(self, event: dict[str, Any]) -> str:
+        return f"order:{event['order_id']}:event"
+
+
+class WebhookReceiver:
+    """Answers the first delivery 500 and later ones 200; continues the trace of each from its `traceparent`
+    in a span of its own (a service of its own, with the test's provider)."""
+
+    def __init__(self) -> None:
+        self.headers: list[dict[str, str]] = []
+        receiver = self
+        tracer = trace.get_tracer("webhook-receiver")
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers["Content-Length"]))
+                headers = {name.lower(): value for name, value in self.headers.items()}
+                receiver.headers.append(headers)
+                parent = TraceContextTextMapPropagator().extract(headers)
+                with tracer.start_as_current_span("receive order.paid", context=parent, kind=trace.SpanKind.SERVER):
+                    status = 500 if len(receiver.headers) == 1 else 200
+                self.send_response(status)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, format: str, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hooks"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def receiver(monkeypatch: pytest.MonkeyPatch) -> Iterator[WebhookReceiver]:
+    monkeypatch.setattr(endpoint_registry, "_ENDPOINTS", {})
+    monkeypatch.setattr(endpoint_registry, "_SOURCES", [])
+    monkeypatch.setattr(event_registry, "_EVENTS", {})
+    monkeypatch.setattr(nats_registry, "_EVENTS", {})
+    running = WebhookReceiver()
+    register_endpoint("shop", running.url, secret=SECRET)
+    register(OrderPaidHook())
+    yield running
+    running.stop()
+
+
+def shop_app(collector: Collector, aengine: AsyncEngine) -> FastAPI:
+    """The application: a request span (docs/tracing.md's `trace_requests`) around a route that enqueues the
+    order's webhook and event in its transaction."""
+    app = collector.setup["trace_requests"](FastAPI(title="shop"))  # type: ignore[attr-defined]
+    hook, event = event_registry.event_named("order.paid"), register_event(OrderPaidEvent())
+
+    @app.post("/orders/{order_id}/paid")
+    async def order_paid(order_id: int) -> dict[str, Any]:
+        async with aengine.begin() as conn:
+            delivered = await enqueue_webhook_async(conn, hook, {"order_id": order_id}, max_attempts=3)
+            published = await enqueue_event_async(conn, event, {"order_id": order_id})
+        return {
+            "webhook": delivered.id,
+            "event": published.id,
+            "trace_id": format(trace.get_current_span().get_span_context().trace_id, "032x"),
+        }
+
+    return app
+
+
+async def test_one_trace_holds_the_request_both_attempts_of_a_retried_webhook_and_the_receiver(
+    collector: Collector,
+    aengine: AsyncEngine,
+    engine: Engine,
+    receiver: WebhookReceiver,
+    nats_server: NatsServer,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("OUTBOX_NATS_URL", nats_server.url)
+    nc = await nats.connect(nats_server.url)
+    js = nc.jetstream()
+    await js.add_stream(StreamConfig(name="SHOP", subjects=["shop.>"]))
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=shop_app(collector, aengine))) as client:
+        answer = (await client.post("http://shop/orders/7/paid")).json()
+    trace_id = answer["trace_id"]
+    with engine.connect() as conn:
+        stored = conn.execute(
+            text("SELECT id, trace_context FROM agent_action WHERE id IN (:w, :e)"),
+            {"w": answer["webhook"], "e": answer["event"]},
+        ).all()
+    assert {row.trace_context["traceparent"].split("-")[1] for row in stored} == {trace_id}
+
+    adapters = collector.setup["adapters"](aengine)  # type: ignore[attr-defined]
+    outcomes = await drain(aengine, adapters)
+    for adapter in adapters:
+        await (adapter.aclose() if hasattr(adapter, "aclose") else adapter.close())
+    assert outcomes.attempted == 3, "the webhook twice (a 500, then a 200), the event once"
+
+    [request] = [s for s in spans_of(collector, 1) if s["name"] == "POST /orders/7/paid"]
+    attempts = spans_of(collector, 2, **{"outbox.action.id": answer["webhook"]})
+    [published] = spans_of(collector, 1, **{"outbox.action.id": answer["event"]})
+    received = [s for s in collector.in_trace(trace_id) if s["name"] == "receive order.paid"]
+    assert len(received) == 2 and len(receiver.headers) == 2
+    assert {s["trace_id"] for s in [request, *attempts, published]} == {trace_id}
+    # children of the span current where the endpoint enqueued: the request's, or one under it
+    for attempt in [*attempts, published]:
+        assert request["span_id"] in ancestors(collector, trace_id, attempt)
+    first, second = sorted(attempts, key=lambda s: s["attributes"]["outbox.attempt"])
+    assert (first["attributes"]["outbox.result"], second["attributes"]["outbox.result"]) == ("RETRY", "DONE")
+    assert first["name"] == "WEBHOOK attempt" and published["name"] == "NATS_EVENT attempt"
+    assert second["attributes"]["outbox.stop_reason"] == "CONFIRMED"
+    assert second["attributes"]["outbox.trace.event_type"] == "order.paid"
+    assert ("outbox.fence", {"outbox.fence.granted": True}) in second["events"]
+    # each delivery's span continues from its POST's span, a child of its attempt
+    posts = {s["span_id"]: s for s in collector.in_trace(trace_id) if s["name"] == "WEBHOOK POST"}
+    assert {posts[r["parent_id"]]["parent_id"] for r in received} == {first["span_id"], second["span_id"]}
+    assert all("lane" not in name for a in attempts for name in a["attributes"])
+
+    # the event's headers carry the same trace, from its publish span
+    consumer = await js.pull_subscribe("shop.orders.paid.*", durable="reader")
+    [message] = await consumer.fetch(1, timeout=10)
+    await nc.close()
+    [publish] = [s for s in collector.in_trace(trace_id) if s["name"] == "NATS_EVENT publish"]
+    assert message.headers is not None
+    assert message.headers["traceparent"].split("-")[1:3] == [trace_id, publish["span_id"]]
+    assert publish["parent_id"] == published["span_id"]
+
+
+async def test_every_enqueue_route_stores_the_active_spans_context_and_nothing_without_one(
+    collector: Collector, engine: Engine, aengine: AsyncEngine, database_url: str
+) -> None:
+    tracer = trace.get_tracer("routes")
+
+    def request(key: str) -> ActionRequest:
+        return ActionRequest(kind=kinds.READBACK, lane_key=key, idempotency_key=key, payload={})
+
+    with tracer.start_as_current_span("sync"):
+        with engine.begin() as conn:
+            outbox.enqueue(conn, request("sync"))
+            outbox.enqueue_many(conn, [request("many-1"), request("many-2")])
+        with psycopg.connect(libpq_url(database_url)) as conn:
+            outbox.enqueue(conn, request("psycopg"))
+    with tracer.start_as_current_span("async"):
+        async with aengine.begin() as aconn:
+            await outbox.enqueue_async(aconn, request("async"))
+            await outbox.enqueue_many_async(aconn, [request("async-many")])
+    with engine.begin() as conn:
+        outbox.enqueue(conn, request("no-span"))
+        stored = dict(conn.execute(text("SELECT idempotency_key, trace_context FROM agent_action")).all())
+    assert stored.pop("no-span") is None
+    trace_ids = {key: context["traceparent"].split("-")[1] for key, context in stored.items()}
+    assert len(trace_ids) == 6 and len(set(trace_ids.values())) == 2
+    assert trace_ids["sync"] == trace_ids["many-2"] == trace_ids["psycopg"] != trace_ids["async"]
+
+
+async def test_an_action_enqueued_without_a_span_makes_a_root_attempt_span(
+    collector: Collector, engine: Engine, aengine: AsyncEngine
+) -> None:
+    with engine.begin() as conn:
+        action = outbox.enqueue(
+            conn, ActionRequest(kind=kinds.READBACK, lane_key="root", idempotency_key="root", payload={})
+        )
+    await drain(aengine, [ScriptedAdapter(kinds.READBACK)])
+    [span] = spans_of(collector, 1, **{"outbox.action.id": action.id})
+    assert span["parent_id"] == "" and span["links"] == []
+    assert span["attributes"]["outbox.result"] == "DONE"
+
+
+async def test_a_malformed_stored_context_is_ignored_with_one_warning(
+    collector: Collector, engine: Engine, aengine: AsyncEngine, caplog: pytest.LogCaptureFixture
+) -> None:
+    with engine.begin() as conn:
+        action = outbox.enqueue(
+            conn, ActionRequest(kind=kinds.READBACK, lane_key="bad", idempotency_key="bad", payload={})
+        )
+        conn.execute(
+            text("UPDATE agent_action SET trace_context = CAST(:bad AS jsonb) WHERE id = :id"),
+            {"bad": json.dumps({"traceparent": "00-not-a-trace-01", "tracestate": 7}), "id": action.id},
+        )
+    with caplog.at_level(logging.WARNING, logger="outbox.tracing"):
+        outcomes = await drain(aengine, [ScriptedAdapter(kinds.READBACK)])
+    assert outcomes.attempted == 1
+    warnings = [r for r in caplog.records if r.name == "outbox.tracing"]
+    assert len(warnings) == 1 and f"action {action.id}:" in warnings[0].getMessage()
+    [span] = spans_of(collector, 1, **{"outbox.action.id": action.id})
+    assert span["parent_id"] == "" and span["attributes"]["outbox.result"] == "DONE"
+
+
+async def test_an_uncertain_attempt_sets_the_spans_status_to_error(
+    collector: Collector, engine: Engine, aengine: AsyncEngine
+) -> None:
+    from tests.adapters import UncertainAdapter
+
+    with engine.begin() as conn:
+        action = outbox.enqueue(
+            conn, ActionRequest(kind=kinds.READBACK, lane_key="u", idempotency_key="uncertain", payload={})
+        )
+    await drain(aengine, [UncertainAdapter(kinds.READBACK)])
+    [span] = spans_of(collector, 1, **{"outbox.action.id": action.id})
+    assert span["status"] == 2  # STATUS_CODE_ERROR
+    assert span["status_message"] == "the provider timed out after the write"
+    assert span["attributes"]["outbox.stop_reason"] == "PROVIDER_UNCERTAIN"
+
+
+def test_the_stored_context_is_bounded(engine: Engine) -> None:
+    with engine.begin() as conn:
+        action = outbox.enqueue(
+            conn, ActionRequest(kind=kinds.READBACK, lane_key="b", idempotency_key="bounded", payload={})
+        )
+    with pytest.raises(Exception, match="ck_agent_action_trace_context"), engine.begin() as conn:
+        conn.execute(
+            text("UPDATE agent_action SET trace_context = CAST(:big AS jsonb) WHERE id = :id"),
+            {"big": json.dumps({"tracestate": "x" * 1100}), "id": action.id},
+        )
+
+
+# -- without the extra
+
+# what a process without `opentelemetry-api` finds: no module of it can be imported
+NO_OPENTELEMETRY = """
+import sys
+
+
+class NotInstalled:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] == "opentelemetry":
+            raise ModuleNotFoundError(f"No module named {name!r}")
+        return None
+
+
+sys.meta_path.insert(0, NotInstalled())
+"""
+ENQUEUE_AND_DRAIN = """
+import asyncio, json, sys
+
+import outbox
+from sqlalchemy import text
+
+from outbox.db import async_engine, sync_engine
+from outbox.requests import ActionRequest
+from outbox.testing import drain
+from tests import kinds
+from tests.adapters import ScriptedAdapter
+
+url = sys.argv[1]
+with sync_engine(url).begin() as conn:
+    outbox.enqueue(conn, ActionRequest(kind=kinds.READBACK, lane_key="a", idempotency_key="a", payload={}))
+after_enqueue = sorted(m for m in sys.modules if m.split(".")[0] == "opentelemetry")
+if sys.argv[2] == "drain":
+    engine = async_engine(url)
+    asyncio.run(drain(engine, [ScriptedAdapter(kinds.READBACK)]))
+with sync_engine(url).connect() as conn:
+    row = conn.execute(text("SELECT state, trace_context FROM agent_action")).one()
+print(json.dumps({
+    "after_enqueue": after_enqueue,
+    "at_end": sorted(m for m in sys.modules if m.split(".")[0] == "opentelemetry"),
+    "state": row.state,
+    "trace_context": row.trace_context,
+}))
+"""
+
+
+def run_script(database_url: str, prelude: str, mode: str) -> dict[str, Any]:
+    done = subprocess.run(
+        [sys.executable, "-c", prelude + ENQUEUE_AND_DRAIN, database_url, mode],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
+    assert done.returncode == 0, done.stderr
+    return dict(json.loads(done.stdout.splitlines()[-1]))
+
+
+def test_without_the_extra_an_enqueue_and_a_drain_import_no_opentelemetry(database_url: str) -> None:
+    found = run_script(database_url, NO_OPENTELEMETRY, "drain")
+    assert found == {"after_enqueue": [], "at_end": [], "state": "DONE", "trace_context": None}
+
+
+def test_an_application_that_never_imported_opentelemetry_enqueues_without_importing_it(database_url: str) -> None:
+    found = run_script(database_url, "", "enqueue")
+    assert found["after_enqueue"] == found["at_end"] == [] and found["trace_context"] is None
