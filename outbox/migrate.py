@@ -18,6 +18,11 @@ it shares a database with an application's own Alembic history and never reads o
 revisions ship inside the package (`outbox/migrations` in a wheel; `migrations/` in the repository).
 Every upgrade and downgrade takes a transaction-level advisory lock first, so two started at once both
 succeed: the second waits, then finds the schema current.
+
+The role that upgrades owns what the revisions create, and creates the role `outbox_reader` (the
+dashboards' and the exporter's) unless it exists: that takes the CREATEROLE attribute. A role without it
+gets MissingPrivilege, one line naming the attribute and what to do, and the upgrade's transaction leaves
+nothing behind.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from alembic.util.exc import CommandError
 from sqlalchemy import Connection, StaticPool, create_engine
+from sqlalchemy.exc import DBAPIError
 
 from outbox.errors import OutboxError
 from outbox.kinds import ActionKind
@@ -75,6 +81,26 @@ class MigrationRefused(OutboxError):
     """A revision that does not exist, or a downgrade that would lose actions that have not ended."""
 
 
+class MissingPrivilege(OutboxError):
+    """The role that migrates lacks what a revision needs (CREATEROLE, to create outbox_reader)."""
+
+    exit_code = 1  # the database refuses the role, as `outbox` reports it
+
+    def __init__(self) -> None:
+        super().__init__(
+            "the upgrade creates the role outbox_reader (what dashboards and the metrics exporter read with),"
+            " which needs the CREATEROLE attribute, and the role that runs it lacks it: have an administrator"
+            " run `CREATE ROLE outbox_reader NOLOGIN` once on this server, or `ALTER ROLE <this role>"
+            " CREATEROLE`, then upgrade again (nothing was changed)"
+        )
+
+
+# the statement of revision 0002 that creates the reader role when it does not exist
+_CREATES_READER = "CREATE ROLE outbox_reader"
+# PostgreSQL's insufficient_privilege
+_INSUFFICIENT_PRIVILEGE = "42501"
+
+
 def _config(connection: Connection | None = None) -> Config:
     config = Config(output_buffer=io.StringIO())
     config.set_main_option("script_location", str(MIGRATIONS_DIR))
@@ -108,6 +134,11 @@ def _run(action: str, run: Callable[[], None]) -> None:
             run()
     except CommandError as error:
         raise MigrationRefused(f"{action}: {error}") from None
+    except DBAPIError as error:
+        # the server's message may be in any language: its code and outbox's own statement tell what failed
+        if getattr(error.orig, "sqlstate", None) == _INSUFFICIENT_PRIVILEGE and _CREATES_READER in str(error.statement):
+            raise MissingPrivilege() from None
+        raise
 
 
 class _CallersTransaction:
