@@ -35,6 +35,7 @@ import outbox
 from demo.receiver import Receiver
 from outbox import InvalidRequest
 from outbox.executor import ActionAdapter, Executor
+from outbox.nats.message import message_body
 from outbox.testing import drain
 from outbox.webhook import (
     BODY_LIMIT,
@@ -203,6 +204,53 @@ async def test_the_data_is_composed_from_the_database_at_the_attempt(
         conn.execute(text("UPDATE shop_invoice SET amount_cents = 1500"))
     await attempt_once(aengine, adapters())
     assert json.loads(billing.effects[MSG_ID].body)["data"]["amount_cents"] == 1500
+
+
+class InvoiceFigures(WebhookEvent):
+    """The row values PostgreSQL gives that JSON has no form for: a numeric, a timestamptz, a date, a uuid."""
+
+    name = "invoice.figures"
+    endpoint = "billing"
+    workspace_scoped = False
+    query = text(
+        "SELECT 19.90::numeric AS amount, 0.1::numeric(20, 10) AS rate,"
+        " timestamptz '2026-12-01 09:42:14.618+00' AS paid_at, date '2026-12-31' AS due,"
+        " uuid '12345678-1234-5678-1234-567812345678' AS ref"
+    )
+
+    def params(self, event: dict[str, Any]) -> dict[str, Any]:
+        return {}
+
+    def compose(self, event: dict[str, Any], rows: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
+        return dict(rows[0])
+
+    def idempotency_key(self, event: dict[str, Any]) -> str:
+        return "webhook:invoice.figures:1"
+
+    def lane_key(self, event: dict[str, Any]) -> str:
+        return "invoice:figures"
+
+
+async def test_numerics_and_timestamps_from_postgresql_arrive_as_exact_text_and_iso_8601(
+    app: Engine, aengine: AsyncEngine, receiver: Receiver, adapters: Callable[..., WebhookAdapter]
+) -> None:
+    register_endpoint("billing", receiver.url, secret=SECRET)
+    figures = register_webhook_event(InvoiceFigures())
+    with app.begin() as conn:
+        action = enqueue_webhook(conn, figures, {})
+        rows = figures.rows(conn, {})
+    await attempt_once(aengine, adapters())
+    assert row(app, action.id)["state"] == "DONE"
+    data = json.loads(receiver.effects[webhook_id("webhook:invoice.figures:1")].body)["data"]
+    assert (data["amount"], data["rate"], data["due"], data["ref"]) == (
+        "19.90",
+        "0.1000000000",
+        "2026-12-31",
+        "12345678-1234-5678-1234-567812345678",
+    )
+    assert datetime.fromisoformat(data["paid_at"]) == datetime(2026, 12, 1, 9, 42, 14, 618000, tzinfo=UTC)
+    nats_body = message_body("invoice.figures", "0" * 32, figures.compose({}, rows), datetime.now(UTC))
+    assert json.loads(nats_body)["data"] == data, "a NATS event writes the same rows the same way"
 
 
 async def test_the_receiver_verifies_the_signature_and_refuses_a_tampered_one(
