@@ -87,9 +87,9 @@ PROBE_EMAILS = 100
 PROBE_RATE = 20
 # what a drain run on its way to claiming is doing, by its state
 WAITING_FOR = {
-    "SCHEDULED": "waiting for a worker (workers ask Prefect for runs every {poll} s)",
-    "PENDING": "starting its process",
-    "RUNNING": "starting its executor",
+    "SCHEDULED": "waiting for a worker to poll (every {poll} s)",
+    "PENDING": "process starting",
+    "RUNNING": "executor starting",
 }
 # a drain run that reached one of these will never claim
 ENDED_STATES = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
@@ -225,7 +225,7 @@ def claiming(run: dict[str, Any]) -> bool:
 
 
 def waiting_for(runs: list[dict[str, Any]], poll: str) -> str:
-    """What the drain runs are doing, by how many: `drain runs: 1 claiming, 2 starting its executor`."""
+    """What the drain runs are doing, by how many: `drain runs: 1 claiming, 2 executor starting`."""
     phases = Counter("claiming" if claiming(run) else run["state_type"] for run in runs)
     said = [f"{phases.pop('claiming')} claiming"] if "claiming" in phases else []
     said += [f"{n} {WAITING_FOR.get(state, state.lower()).format(poll=poll)}" for state, n in phases.items()]
