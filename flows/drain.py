@@ -20,7 +20,7 @@ Prefect's choice (the first to poll), so a worker may hold two runs while anothe
 Webhook secrets. Before its adapters are built, a run reads the Prefect Secret block `outbox-webhook-<name>`
 for each registered webhook endpoint whose secret neither the code nor `OUTBOX_WEBHOOK_SECRET_<NAME>` gives.
 An endpoint with none of them ends the run Failed before it claims, in one line naming the variable and
-the block (no traceback).
+the block (no traceback), as do NATS settings that are missing or wrong (OUTBOX_NATS_URL).
 
 No Prefect task per action: an action is plain Python inside the run, so Prefect's retries and state
 records never fight the outbox's own attempts. SIGTERM (from `outbox worker` when its replica stops, or
@@ -76,6 +76,7 @@ from outbox.executor.adapter import load_adapters
 from outbox.executor.config import DEFAULTS, start_line
 from outbox.executor.outcomes import EndedAction, Outcomes
 from outbox.kind_rows import require_declared
+from outbox.nats.settings import NatsSettingsError
 from outbox.ops import lanes
 from outbox.settings import load_settings
 from outbox.webhook.endpoints import WebhookSecretError, add_secret_source, registered_endpoints
@@ -137,7 +138,7 @@ async def drain(
 ) -> dict[str, Any] | State[Any]:
     """Carry out actions until a newer run takes over (in a deployment), SIGTERM, or a given budget is
     spent (`max_seconds`, `max_actions`: none by default); return a summary, or the Failed state of a run
-    whose adapters cannot be built (a webhook endpoint without a secret)."""
+    whose adapters cannot be built (a webhook endpoint without a secret, no OUTBOX_NATS_URL)."""
     loop = asyncio.get_running_loop()
     stop_requested = asyncio.Event()
     loop.add_signal_handler(signal.SIGTERM, stop_requested.set)
@@ -167,7 +168,7 @@ async def _drain(
         await webhook_secrets_from_prefect()
         try:
             carried_out = list(factory(engine))
-        except WebhookSecretError as missing:  # the run's one line, no traceback: nothing to retry until it is set
+        except (WebhookSecretError, NatsSettingsError) as missing:  # one line, no traceback: nothing to retry
             return Failed(message=str(missing))
         executor = Executor(engine, carried_out, config, listen_url=settings.listen_database_url)
         await require_declared(engine, (adapter.kind for adapter in carried_out))
