@@ -48,18 +48,21 @@ from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from typing import Any
 
-import httpx
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from outbox import tracing
 from outbox.errors import InvalidRequest
 from outbox.executor import ActionAdapter, ActionAttempt, Cancelled, Defer, Done, Failed, Result, Retry, Uncertain
 from outbox.executor.attempt import WriteWindow
+from outbox.extras import needs
 from outbox.kinds import ActionKind
 from outbox.webhook.endpoints import WebhookEndpoint, endpoint_secrets, registered_endpoints
 from outbox.webhook.events import UnknownEvent, event_of
 from outbox.webhook.kind import WEBHOOK
 from outbox.webhook.message import InvalidBody, SignedRequest, body, signed, signers, webhook_id
+
+with needs("webhook"):
+    import httpx
 
 # what a Retry's reason says when the request went out and its answer was lost: the receiver may hold it
 SENT_UNANSWERED = "after the request was sent"

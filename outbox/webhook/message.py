@@ -21,10 +21,12 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from standardwebhooks import Webhook
-
 from outbox.errors import OutboxError
 from outbox.event_data import UnwritableData, dumped
+from outbox.extras import needs
+
+with needs("webhook"):
+    from standardwebhooks import Webhook
 
 # the largest body sent, in bytes
 BODY_LIMIT = 256 * 1024
