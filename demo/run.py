@@ -117,8 +117,8 @@ def say(text: str) -> None:
 def show_database(url: str, given: bool) -> None:
     """Which database outbox uses, whether it was made empty, and the command that points the CLI at it."""
     if given:
-        say(f"outbox's database: {make_url(url).render_as_string(hide_password=True)} (OUTBOX_DATABASE_URL)")
-        say("  yours: the demo adds its actions and keeps what it held; the summary counts this run's only")
+        say(f"outbox's database: {make_url(url).render_as_string(hide_password=True)} (the one given)")
+        say("  kept as it was: the demo adds its actions, `outbox status` counts the earlier ones too")
         say("  look at it: outbox status --database-url <that URL>")
         return
     say(f"outbox's database: {url}")
