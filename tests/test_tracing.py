@@ -143,6 +143,7 @@ def collector() -> Iterator[Collector]:
     running.flush = provider.force_flush  # type: ignore[attr-defined]
     running.setup = namespace  # type: ignore[attr-defined]
     yield running
+    provider.shutdown()  # the later tests' spans are dropped, not sent to a receiver that is gone
     if saved is None:
         del os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"]
     else:
