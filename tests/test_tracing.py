@@ -371,16 +371,21 @@ async def test_every_enqueue_route_stores_the_active_spans_context_and_nothing_w
     assert trace_ids["sync"] == trace_ids["many-2"] == trace_ids["psycopg"] != trace_ids["async"]
 
 
-async def test_an_action_enqueued_without_a_span_makes_a_root_attempt_span(
+async def test_an_action_enqueued_without_a_span_makes_a_root_attempt_span_linked_to_the_executors(
     collector: Collector, engine: Engine, aengine: AsyncEngine
 ) -> None:
     with engine.begin() as conn:
         action = outbox.enqueue(
             conn, ActionRequest(kind=kinds.READBACK, lane_key="root", idempotency_key="root", payload={})
         )
-    await drain(aengine, [ScriptedAdapter(kinds.READBACK)])
+        stored = conn.execute(text("SELECT trace_context FROM agent_action WHERE id = :id"), {"id": action.id})
+        assert stored.scalar_one() is None
+    # the span current where the executor runs (a drain run's, say): a link, not a parent
+    with trace.get_tracer("worker").start_as_current_span("drain run") as run:
+        await drain(aengine, [ScriptedAdapter(kinds.READBACK)])
     [span] = spans_of(collector, 1, **{"outbox.action.id": action.id})
-    assert span["parent_id"] == "" and span["links"] == []
+    assert span["parent_id"] == "" and span["trace_id"] != format(run.get_span_context().trace_id, "032x")
+    assert span["links"] == [format(run.get_span_context().trace_id, "032x")]
     assert span["attributes"]["outbox.result"] == "DONE"
 
 
