@@ -103,13 +103,14 @@ BEGIN
                 NEW.kind USING ERRCODE = 'check_violation';
         END IF;
 
-        -- The lane's holder. The lane lock first, held until this transaction ends; then the holder in a new
-        -- snapshot, which sees every holder committed before we got the lock (and the rows this statement
-        -- inserted before this one).
+        -- The lane's holder (a new snapshot: every holder committed so far, and the rows this statement inserted
+        -- before this one), locked until this transaction ends: its end waits for us, then sees this action.
+        -- No holder: this action holds the lane; ux_agent_action_lane_head refuses a second one that an
+        -- enqueue into the same lane, not committed yet, marked meanwhile.
         NEW.lane_head := false;
-        PERFORM pg_advisory_xact_lock(1818324581, hashtext(NEW.lane_key));
         SELECT h.id, h.state INTO holder_id, holder_state
-          FROM agent_action AS h WHERE h.lane_key = NEW.lane_key AND h.lane_head;
+          FROM agent_action AS h WHERE h.lane_key = NEW.lane_key AND h.lane_head
+           FOR KEY SHARE;
         IF NOT FOUND THEN
             NEW.lane_head := true;
         ELSIF holder_state <> 'EXECUTING' AND holder_id > NEW.id
@@ -181,6 +182,11 @@ BEGIN
             RAISE EXCEPTION 'agent_action %: ending as % needs a stop_reason', OLD.id, NEW.state
                 USING ERRCODE = 'check_violation';
         END IF;
+        IF OLD.lane_head THEN
+            -- the holder's end waits for the enqueues behind it that have not committed (they hold its row
+            -- FOR KEY SHARE), so the next holder is chosen among them too
+            PERFORM 1 FROM agent_action WHERE id = OLD.id FOR UPDATE;
+        END IF;
         NEW.ended_at := now();
         NEW.payload := NULL;
         NEW.lease_expires_at := NULL;
@@ -201,29 +207,45 @@ CREATE FUNCTION public.hold_agent_lanes(lanes text[]) RETURNS void
     AS $$
 DECLARE
     holders bigint[];
-    wake boolean;
+    unmarked bigint[];
+    marked integer;
+    wake boolean := false;
+    woken boolean;
 BEGIN
-    PERFORM pg_advisory_xact_lock(1818324581, h)
-       FROM (SELECT DISTINCT hashtext(k) AS h FROM unnest(lanes) AS k) AS locks ORDER BY h;
-    SELECT array_agg(coalesce(x.id, p.id)) FILTER (WHERE coalesce(x.id, p.id) IS NOT NULL) INTO holders
-      FROM unnest(lanes) AS k (lane_key)
-      LEFT JOIN LATERAL (
-        SELECT e.id FROM agent_action AS e WHERE e.lane_key = k.lane_key AND e.state = 'EXECUTING'
-      ) AS x ON true
-      LEFT JOIN LATERAL (
-        SELECT w.id FROM agent_action AS w
-         WHERE w.lane_key = k.lane_key AND w.state IN ('PROPOSED', 'ADMITTED')
-         ORDER BY w.id LIMIT 1
-      ) AS p ON true;
-    -- a holder that is no longer the rule's (a retried one, with an earlier action not started) lets go first
-    UPDATE agent_action SET lane_head = false
-     WHERE lane_key = ANY (lanes) AND lane_head AND NOT (id = ANY (coalesce(holders, '{}')));
-    WITH marked AS (
-        UPDATE agent_action SET lane_head = true
-         WHERE id = ANY (holders) AND NOT lane_head
-        RETURNING state, due_at
-    )
-    SELECT coalesce(bool_or(state = 'ADMITTED' AND due_at <= now()), false) INTO wake FROM marked;
+    LOOP
+        -- the executing action from ux_agent_action_lane_executing, the oldest waiting one from
+        -- ix_agent_action_lane_pending: one probe each, however many actions wait
+        WITH wanted AS MATERIALIZED (
+            SELECT coalesce(x.id, p.id) AS id, coalesce(x.lane_head, p.lane_head) AS lane_head
+              FROM unnest(lanes) AS k (lane_key)
+              LEFT JOIN LATERAL (
+                SELECT e.id, e.lane_head FROM agent_action AS e
+                 WHERE e.lane_key = k.lane_key AND e.state = 'EXECUTING'
+              ) AS x ON true
+              LEFT JOIN LATERAL (
+                SELECT w.id, w.lane_head FROM agent_action AS w
+                 WHERE w.lane_key = k.lane_key AND w.state IN ('PROPOSED', 'ADMITTED')
+                 ORDER BY w.id LIMIT 1
+              ) AS p ON true
+        )
+        SELECT coalesce(array_agg(id) FILTER (WHERE id IS NOT NULL), '{}'),
+               coalesce(array_agg(id) FILTER (WHERE id IS NOT NULL AND NOT lane_head), '{}')
+          INTO holders, unmarked
+          FROM wanted;
+        EXIT WHEN cardinality(unmarked) = 0;
+        -- a holder that is no longer the rule's (a retried one, behind an earlier action not started) lets go
+        UPDATE agent_action SET lane_head = false
+         WHERE lane_key = ANY (lanes) AND lane_head AND NOT (id = ANY (holders));
+        WITH now_held AS (
+            UPDATE agent_action SET lane_head = true
+             WHERE id = ANY (unmarked) AND NOT lane_head AND state IN ('PROPOSED', 'ADMITTED', 'EXECUTING')
+            RETURNING state, due_at
+        )
+        SELECT count(*), coalesce(bool_or(state = 'ADMITTED' AND due_at <= now()), false) INTO marked, woken
+          FROM now_held;
+        wake := wake OR woken;
+        EXIT WHEN marked = cardinality(unmarked);
+    END LOOP;
     -- a lane whose next action may start now wakes the idle executors when this transaction commits
     IF wake THEN
         PERFORM pg_notify('outbox_action', '');

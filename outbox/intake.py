@@ -4,9 +4,11 @@
                                    (it also returns the rows that held a key before it began)
                           | a kind without its row, or with a row that declares it otherwise; an expiry passed:
                           | nothing inserted, InvalidRequest naming the request and the step to take
-                          | a key neither inserted nor seen: a racing duplicate
+                          | a key neither inserted nor seen: a racing duplicate, or an enqueue into the
+                          | same idle lane that marked itself its holder first (ux_agent_action_lane_head)
                           v
-                          SELECT by idempotency key (a new snapshot sees the winner)
+                          SELECT by idempotency key (a new snapshot sees the winner); a key still not
+                          found is enqueued again, behind the lane's holder
     each request's action --inserted by it--> created True
                           --held its key before--> created False, the fields that differ noted (and logged)
 
@@ -176,44 +178,70 @@ def enqueue_many(conn: SyncConnection, requests: Sequence[ActionRequest]) -> lis
     A key repeated in the batch, or held by an earlier action, returns that first action (`created` False,
     `differing_fields` naming what this request holds otherwise). Actions of one lane run in the order given."""
     valid = _valid(requests)
-    if not valid:
-        return []
-    by_key, missing = _found(valid, run(conn, _insert(valid)), many=True)
-    if missing:
-        raced = run(conn, store.actions_by_key(missing))
-        by_key = by_key | raced
-    return _returned(valid, by_key)
+    return _returned(valid, _inserted(conn, valid, many=True)) if valid else []
 
 
 async def enqueue_many_async(conn: AsyncConn, requests: Sequence[ActionRequest]) -> list[Action]:
     """`enqueue_many` for an `AsyncConnection`, an `AsyncSession` or a psycopg `AsyncConnection`."""
     valid = _valid(requests)
-    if not valid:
-        return []
-    by_key, missing = _found(valid, await run_async(conn, _insert(valid)), many=True)
-    if missing:
-        raced = await run_async(conn, store.actions_by_key(missing))
-        by_key = by_key | raced
-    return _returned(valid, by_key)
+    return _returned(valid, await _inserted_async(conn, valid, many=True)) if valid else []
 
 
 def enqueue(conn: SyncConnection, request: ActionRequest) -> Action:
     """Insert the action in the caller's transaction and return it (`created` True); or return the first one
     with the same key, unchanged (`created` False, `differing_fields` naming what this request holds otherwise)."""
     valid = [validate(request)]
-    by_key, missing = _found(valid, run(conn, _insert(valid)), many=False)
-    if missing:
-        by_key = run(conn, store.actions_by_key(missing))
-    return _returned(valid, by_key)[0]
+    return _returned(valid, _inserted(conn, valid, many=False))[0]
 
 
 async def enqueue_async(conn: AsyncConn, request: ActionRequest) -> Action:
     """`enqueue` for an `AsyncConnection`, an `AsyncSession` or a psycopg `AsyncConnection`."""
     valid = [validate(request)]
-    by_key, missing = _found(valid, await run_async(conn, _insert(valid)), many=False)
-    if missing:
-        by_key = await run_async(conn, store.actions_by_key(missing))
-    return _returned(valid, by_key)[0]
+    return _returned(valid, await _inserted_async(conn, valid, many=False))[0]
+
+
+# An enqueue that finds its lane idle marks itself its holder; when another one, not committed yet, did so
+# first, the statement inserts nothing for it, and it is enqueued again once that one committed (behind it).
+# Each pass waits for the enqueue it raced, so a second pass inserts it; more than a few means something else.
+_PASSES = 5
+
+
+def _lanes_kept_busy(pending: list[ValidRequest]) -> RuntimeError:
+    keys = ", ".join(repr(v.idempotency_key) for v in pending[:3])
+    return RuntimeError(
+        f"enqueue: {len(pending)} actions ({keys}) were neither inserted nor found after {_PASSES} passes:"
+        " their lanes' first places kept being taken by enqueues that did not commit"
+    )
+
+
+def _inserted(conn: SyncConnection, valid: list[ValidRequest], *, many: bool) -> dict[str, Action]:
+    """Every request's action by key: inserted now, or held before. One round trip, unless a key was taken by
+    a racing duplicate (read it) or an enqueue into the same idle lane got there first (enqueue again)."""
+    pending, by_key = valid, dict[str, Action]()
+    for _ in range(_PASSES):
+        found, missing = _found(pending, run(conn, _insert(pending)), many=many)
+        by_key |= found
+        if missing:
+            by_key |= run(conn, store.actions_by_key(missing))
+        pending = [v for v in pending if v.idempotency_key not in by_key]
+        if not pending:
+            return by_key
+    raise _lanes_kept_busy(pending)
+
+
+async def _inserted_async(conn: AsyncConn, valid: list[ValidRequest], *, many: bool) -> dict[str, Action]:
+    """`_inserted` on an async connection."""
+    pending, by_key = valid, dict[str, Action]()
+    for _ in range(_PASSES):
+        found, missing = _found(pending, await run_async(conn, _insert(pending)), many=many)
+        by_key |= found
+        if missing:
+            raced = await run_async(conn, store.actions_by_key(missing))
+            by_key |= raced
+        pending = [v for v in pending if v.idempotency_key not in by_key]
+        if not pending:
+            return by_key
+    raise _lanes_kept_busy(pending)
 
 
 def held_action(conn: SyncConnection, request: ActionRequest) -> Action | None:

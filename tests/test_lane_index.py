@@ -234,3 +234,86 @@ def test_two_holders_of_one_lane_are_refused_by_the_database(engine: Engine) -> 
         second = enqueue_in(conn, "two", lane="twice")
     with pytest.raises(Exception, match="ux_agent_action_lane_head"), engine.begin() as conn:
         conn.execute(text("UPDATE agent_action SET lane_head = true WHERE id = :id"), {"id": second.id})
+
+
+def test_a_holder_s_end_waits_for_an_enqueue_behind_it_and_passes_it_the_lane(engine: Engine) -> None:
+    """An enqueue behind an executing holder holds the holder's row (FOR KEY SHARE) until it commits: the
+    holder's fence still goes through, its result is held and written once the enqueue committed, and the
+    new action then holds the lane. An operator's end of a waiting holder waits for the enqueue the same way."""
+
+    async def scenario() -> None:
+        store = ExecutorStore(conninfo(engine))
+        try:
+            with engine.begin() as conn:
+                conn.execute(text("DELETE FROM agent_action"))
+                enqueue_in(conn, "holder", lane="busy")
+            [holder] = await store.claim(1, 300, [kinds.NOOP.name])
+            with engine.connect() as behind:
+                follower = enqueue_in(behind, "follower", lane="busy")
+                [fenced] = await store.commit([Write(holder)], 60.0)
+                assert fenced.outcome == "written"  # a fence never waits for an enqueue
+                done = Write(holder, AttemptReport("DONE", 0.01, None), FinishWrite("DONE", "CONFIRMED"))
+                [held] = await store.commit([done], 60.0)
+                assert held.outcome == "held"
+                behind.commit()
+            [written] = await store.commit([done], 60.0)
+            assert written.outcome == "written"
+            assert lane_rows(engine) == expected_rows(engine) == {"busy": [follower.id]}
+        finally:
+            await store.close()
+
+    asyncio.run(scenario())
+
+    errors: list[BaseException] = []
+    with engine.connect() as behind:
+        later = enqueue_in(behind, "later", lane="busy")
+
+        def cancel_the_holder() -> None:
+            try:
+                with engine.begin() as conn:
+                    held = conn.execute(text("SELECT id FROM agent_action WHERE lane_key = 'busy' AND lane_head"))
+                    outbox.cancel(conn, held.scalar_one())
+            except BaseException as error:  # reported to the main thread below
+                errors.append(error)
+
+        thread = threading.Thread(target=cancel_the_holder)
+        thread.start()
+        until(lambda: sessions_waiting_on_a_lock(engine) == 1, what="the cancel to wait for the enqueue")
+        behind.commit()
+        thread.join(10)
+    assert not errors and not thread.is_alive()
+    assert lane_rows(engine) == expected_rows(engine) == {"busy": [later.id]}
+
+
+def test_two_batches_opening_the_same_idle_lanes_leave_each_with_one_holder(engine: Engine) -> None:
+    """Two enqueue_many into the same idle lanes, at once: the second waits for the first, inserts nothing
+    for the lanes the first opened, and enqueues those actions again behind the first's."""
+    with engine.begin() as conn:
+        conn.execute(text("DELETE FROM agent_action"))
+    lanes = ["x", "y", "z"]
+    errors: list[BaseException] = []
+    with engine.connect() as first:
+        outbox.enqueue_many(first, [_noop(f"first-{lane}", lane) for lane in lanes])
+
+        def second() -> None:
+            try:
+                with engine.begin() as conn:
+                    actions = outbox.enqueue_many(conn, [_noop(f"second-{lane}", lane) for lane in lanes])
+                    assert all(a.created for a in actions)
+            except BaseException as error:  # reported to the main thread below
+                errors.append(error)
+
+        thread = threading.Thread(target=second)
+        thread.start()
+        until(lambda: sessions_waiting_on_a_lock(engine) == 1, what="the second batch to wait for the first")
+        first.commit()
+        thread.join(10)
+    assert not errors and not thread.is_alive()
+    with engine.connect() as conn:
+        holders = dict(conn.execute(text("SELECT lane_key, idempotency_key FROM agent_action WHERE lane_head")).all())
+    assert holders == {lane: f"first-{lane}" for lane in lanes}
+    assert lane_rows(engine) == expected_rows(engine)
+
+
+def _noop(key: str, lane: str) -> outbox.ActionRequest:
+    return outbox.ActionRequest(kind=kinds.NOOP, workspace_id=1, lane_key=lane, idempotency_key=key, payload={})

@@ -1,13 +1,14 @@
 """A lane's holder is marked on its own row: no lane table, one trigger pass per statement.
 
-    enqueue (INSERT):   the guard, under the lane's advisory lock, marks the new action `lane_head` when its
-                        lane has no unended action (one probe of ux_agent_action_lane_head); nothing else is
-                        written for a lane of one action
+    enqueue (INSERT):   the guard marks the new action `lane_head` when its lane has no unended action (one
+                        probe of ux_agent_action_lane_head); nothing else is written for a lane of one action.
+                        Behind a holder, it locks the holder's row (FOR KEY SHARE) until the enqueue commits
     claim:              due holders from ix_agent_action_ready (ADMITTED, lane_head), by due time, SKIP LOCKED;
                         the holder stays marked while it executes, so a claim changes no other row
     result (UPDATE) ─▶ after_agent_action_update, once per statement over the transition tables:
                         the ended tally, and for the lanes whose holder ended (or was retried while an
-                        earlier action had not started) the next holder, under the lanes' advisory locks
+                        earlier action had not started) the next holder, in a snapshot taken after the end
+                        had its row lock
     erasure (DELETE) ─▶ after_agent_action_delete: the lanes whose holder was deleted get their next holder
 
 - `agent_action.lane_head`: true on the one action that holds its lane, the executing one or else the oldest
@@ -15,10 +16,12 @@
   two holders of one lane impossible, whatever the isolation level of the writer.
 - `agent_lane` goes, and with it three writes per action alone in its lane (its lane row made, updated at the
   claim, deleted at the end) and the functions that kept it.
-- The lane lock is `pg_advisory_xact_lock(1818324581, hashtext(lane_key))` (the first number is the bytes of
-  "lane"): an enqueue holds it until its transaction commits, so a result that ends the lane's holder meanwhile
-  waits (the executor's group commit takes it without waiting and tries such a result again) and then sees the
-  new action. Lanes are locked in the order of that hash, so two writers never wait for each other in a circle.
+- No lock beyond rows: an enqueue behind a holder holds the holder's row FOR KEY SHARE until it commits, and
+  every end of a holder takes its row FOR UPDATE (a DELETE does; the executor's statements say so; the guard
+  does it for any other writer), so the end waits for the enqueue and then sees the new action. A claim and a
+  fence (FOR NO KEY UPDATE) never wait for an enqueue. Two enqueues into an empty lane both find no holder;
+  `ux_agent_action_lane_head` lets one in, and the other (an INSERT ... ON CONFLICT DO NOTHING) inserts nothing
+  and enqueues again behind it.
 - `tally_agent_action_ended` and the lane upkeep run in one function, `after_agent_action_update`: one pass
   over the transition tables per statement, which finds the rows whose state moved.
 
@@ -71,13 +74,14 @@ BEGIN
                 NEW.kind USING ERRCODE = 'check_violation';
         END IF;
 
-        -- The lane's holder. The lane lock first, held until this transaction ends; then the holder in a new
-        -- snapshot, which sees every holder committed before we got the lock (and the rows this statement
-        -- inserted before this one).
+        -- The lane's holder (a new snapshot: every holder committed so far, and the rows this statement inserted
+        -- before this one), locked until this transaction ends: its end waits for us, then sees this action.
+        -- No holder: this action holds the lane; ux_agent_action_lane_head refuses a second one that an
+        -- enqueue into the same lane, not committed yet, marked meanwhile.
         NEW.lane_head := false;
-        PERFORM pg_advisory_xact_lock(1818324581, hashtext(NEW.lane_key));
         SELECT h.id, h.state INTO holder_id, holder_state
-          FROM agent_action AS h WHERE h.lane_key = NEW.lane_key AND h.lane_head;
+          FROM agent_action AS h WHERE h.lane_key = NEW.lane_key AND h.lane_head
+           FOR KEY SHARE;
         IF NOT FOUND THEN
             NEW.lane_head := true;
         ELSIF holder_state <> 'EXECUTING' AND holder_id > NEW.id
@@ -149,6 +153,11 @@ BEGIN
             RAISE EXCEPTION 'agent_action %: ending as % needs a stop_reason', OLD.id, NEW.state
                 USING ERRCODE = 'check_violation';
         END IF;
+        IF OLD.lane_head THEN
+            -- the holder's end waits for the enqueues behind it that have not committed (they hold its row
+            -- FOR KEY SHARE), so the next holder is chosen among them too
+            PERFORM 1 FROM agent_action WHERE id = OLD.id FOR UPDATE;
+        END IF;
         NEW.ended_at := now();
         NEW.payload := NULL;
         NEW.lease_expires_at := NULL;
@@ -188,34 +197,50 @@ CREATE TRIGGER guard_agent_action BEFORE UPDATE ON agent_action
 
 LANE_UPKEEP = r"""
 -- The lanes given get their holder from the rule: the executing action, or else the oldest one not started.
--- Under each lane's lock (taken in hash order; a holder of the lock, such as the group commit, takes it
--- again at no cost), then in a new snapshot that sees every change committed before the lock.
+-- Each round reads in a new snapshot; a row that changed before we could mark it (cancelled, deleted) is
+-- left, and the next round chooses again.
 CREATE FUNCTION hold_agent_lanes(lanes text[]) RETURNS void LANGUAGE plpgsql AS $$
 DECLARE
     holders bigint[];
-    wake boolean;
+    unmarked bigint[];
+    marked integer;
+    wake boolean := false;
+    woken boolean;
 BEGIN
-    PERFORM pg_advisory_xact_lock(1818324581, h)
-       FROM (SELECT DISTINCT hashtext(k) AS h FROM unnest(lanes) AS k) AS locks ORDER BY h;
-    SELECT array_agg(coalesce(x.id, p.id)) FILTER (WHERE coalesce(x.id, p.id) IS NOT NULL) INTO holders
-      FROM unnest(lanes) AS k (lane_key)
-      LEFT JOIN LATERAL (
-        SELECT e.id FROM agent_action AS e WHERE e.lane_key = k.lane_key AND e.state = 'EXECUTING'
-      ) AS x ON true
-      LEFT JOIN LATERAL (
-        SELECT w.id FROM agent_action AS w
-         WHERE w.lane_key = k.lane_key AND w.state IN ('PROPOSED', 'ADMITTED')
-         ORDER BY w.id LIMIT 1
-      ) AS p ON true;
-    -- a holder that is no longer the rule's (a retried one, with an earlier action not started) lets go first
-    UPDATE agent_action SET lane_head = false
-     WHERE lane_key = ANY (lanes) AND lane_head AND NOT (id = ANY (coalesce(holders, '{}')));
-    WITH marked AS (
-        UPDATE agent_action SET lane_head = true
-         WHERE id = ANY (holders) AND NOT lane_head
-        RETURNING state, due_at
-    )
-    SELECT coalesce(bool_or(state = 'ADMITTED' AND due_at <= now()), false) INTO wake FROM marked;
+    LOOP
+        -- the executing action from ux_agent_action_lane_executing, the oldest waiting one from
+        -- ix_agent_action_lane_pending: one probe each, however many actions wait
+        WITH wanted AS MATERIALIZED (
+            SELECT coalesce(x.id, p.id) AS id, coalesce(x.lane_head, p.lane_head) AS lane_head
+              FROM unnest(lanes) AS k (lane_key)
+              LEFT JOIN LATERAL (
+                SELECT e.id, e.lane_head FROM agent_action AS e
+                 WHERE e.lane_key = k.lane_key AND e.state = 'EXECUTING'
+              ) AS x ON true
+              LEFT JOIN LATERAL (
+                SELECT w.id, w.lane_head FROM agent_action AS w
+                 WHERE w.lane_key = k.lane_key AND w.state IN ('PROPOSED', 'ADMITTED')
+                 ORDER BY w.id LIMIT 1
+              ) AS p ON true
+        )
+        SELECT coalesce(array_agg(id) FILTER (WHERE id IS NOT NULL), '{}'),
+               coalesce(array_agg(id) FILTER (WHERE id IS NOT NULL AND NOT lane_head), '{}')
+          INTO holders, unmarked
+          FROM wanted;
+        EXIT WHEN cardinality(unmarked) = 0;
+        -- a holder that is no longer the rule's (a retried one, behind an earlier action not started) lets go
+        UPDATE agent_action SET lane_head = false
+         WHERE lane_key = ANY (lanes) AND lane_head AND NOT (id = ANY (holders));
+        WITH now_held AS (
+            UPDATE agent_action SET lane_head = true
+             WHERE id = ANY (unmarked) AND NOT lane_head AND state IN ('PROPOSED', 'ADMITTED', 'EXECUTING')
+            RETURNING state, due_at
+        )
+        SELECT count(*), coalesce(bool_or(state = 'ADMITTED' AND due_at <= now()), false) INTO marked, woken
+          FROM now_held;
+        wake := wake OR woken;
+        EXIT WHEN marked = cardinality(unmarked);
+    END LOOP;
     -- a lane whose next action may start now wakes the idle executors when this transaction commits
     IF wake THEN
         PERFORM pg_notify('outbox_action', '');

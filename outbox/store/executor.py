@@ -5,10 +5,10 @@
 
 `outbox.executor.store.ExecutorStore` runs them, each in a transaction of its own, on the executor's own
 connections. The group commit is one statement for any mix of fences and results: it locks the rows it can
-(SKIP LOCKED), and for a result the lock of its lane too (the trigger may pass the lane to its next action);
+(SKIP LOCKED; a result's row FOR UPDATE, since ending a lane's holder waits for the enqueues behind it);
 it writes each fence and result whose row still carries its claim's epoch, and adds the attempt and latency
-tallies of every result it decided, in the same transaction as the results themselves. What another transaction holds is
-reported as held and tried again in the next batch.
+tallies of every result it decided, in the same transaction as the results themselves. What another
+transaction holds is reported as held and tried again in the next batch.
 """
 
 from __future__ import annotations
@@ -33,8 +33,9 @@ CLAIMED_COLUMNS = (
 
 # Due lane heads, many per round trip: the ADMITTED holders of their lanes (ix_agent_action_ready holds
 # nothing else), by due time. SKIP LOCKED, so two replicas never take one head and neither waits; a row
-# that stopped holding its lane while we waited for it is checked again, and left. The holder stays marked
-# while it executes, so a claim writes nothing but its own rows.
+# that stopped holding its lane meanwhile is checked again, and left. FOR NO KEY UPDATE: an enqueue into the
+# lane that has not committed (it holds the holder FOR KEY SHARE) does not hold the claim back. The holder
+# stays marked while it executes, so a claim writes nothing but its own rows.
 CLAIM_READY_HEADS = text(f"""
 WITH heads AS MATERIALIZED (
     SELECT a.id FROM agent_action AS a
@@ -42,7 +43,7 @@ WITH heads AS MATERIALIZED (
        AND a.kind = ANY (CAST(:kinds AS text[])) AND (a.expires_at IS NULL OR a.expires_at > now())
      ORDER BY a.due_at
      LIMIT :limit
-     FOR UPDATE SKIP LOCKED
+     FOR NO KEY UPDATE SKIP LOCKED
 )
 UPDATE agent_action AS a
    SET state = 'EXECUTING', epoch = a.epoch + 1, attempt = a.attempt + 1,
@@ -51,20 +52,13 @@ UPDATE agent_action AS a
 RETURNING {CLAIMED_COLUMNS}
 """)
 
-# The lanes of `{rows}` (a CTE with a lane_key column) whose lock this transaction now holds, each tried
-# without waiting: an enqueue into the lane holds it until its transaction commits, and the end of the lane's
-# holder must wait for that (the trigger then sees the new action); such a write is left for the next round.
-_LANES_LOCKED = """(
-    SELECT lane_key FROM (SELECT DISTINCT lane_key FROM {rows}) AS l
-     WHERE pg_try_advisory_xact_lock(1818324581, hashtext(lane_key))
-)"""
-
 # Executing actions whose lease expired. An at-most-once action whose write started ends UNCERTAIN;
 # one at its last attempt ends FAILED (UNCERTAIN if its write started); every other is claimed again
-# without waiting for its lane. Ending needs the lane's lock (without waiting); a reclaim does not.
+# without waiting for its lane. FOR UPDATE: an end waits for the enqueues behind the holder that have not
+# committed (SKIP LOCKED: it is taken in a later sweep), so the lane passes to them too.
 TAKE_BACK_EXPIRED_LEASES = text(f"""
 WITH stale AS MATERIALIZED (
-    SELECT id, lane_key,
+    SELECT id,
            CASE WHEN write_started_at IS NOT NULL AND kind = ANY (CAST(:at_most_once AS text[]))
                     THEN 'UNCERTAIN'
                 WHEN attempt >= max_attempts AND write_started_at IS NOT NULL THEN 'UNCERTAIN'
@@ -75,9 +69,7 @@ WITH stale AS MATERIALIZED (
      ORDER BY lease_expires_at
      LIMIT :limit
      FOR UPDATE SKIP LOCKED
-), ending AS MATERIALIZED (
-    SELECT lane_key FROM stale WHERE next_state <> 'EXECUTING'
-), lanes AS MATERIALIZED {_LANES_LOCKED.format(rows="ending")}
+)
 UPDATE agent_action AS a
    SET state = s.next_state,
        stop_reason = CASE s.next_state WHEN 'UNCERTAIN' THEN 'LEASE_LOST_AFTER_WRITE'
@@ -87,22 +79,22 @@ UPDATE agent_action AS a
        lease_expires_at = CASE WHEN s.next_state = 'EXECUTING'
                                THEN now() + make_interval(secs => :lease_seconds) END
   FROM stale AS s
- WHERE a.id = s.id AND (s.next_state = 'EXECUTING' OR s.lane_key IN (SELECT lane_key FROM lanes))
+ WHERE a.id = s.id
 RETURNING {CLAIMED_COLUMNS}, a.state, a.stop_reason
 """)
 
-# Actions that expired before they started end CANCELLED / EXPIRED.
-EXPIRE_UNSTARTED = text(f"""
+# Actions that expired before they started end CANCELLED / EXPIRED (FOR UPDATE, as the lease sweep's ends).
+EXPIRE_UNSTARTED = text("""
 WITH expired AS MATERIALIZED (
-    SELECT id, lane_key FROM agent_action
+    SELECT id FROM agent_action
      WHERE state IN ('PROPOSED', 'ADMITTED') AND expires_at IS NOT NULL AND expires_at <= now()
      ORDER BY expires_at
      LIMIT :limit
      FOR UPDATE SKIP LOCKED
-), lanes AS MATERIALIZED {_LANES_LOCKED.format(rows="expired")}
+)
 UPDATE agent_action AS a SET state = 'CANCELLED', stop_reason = 'EXPIRED'
   FROM expired AS e
- WHERE a.id = e.id AND e.lane_key IN (SELECT lane_key FROM lanes)
+ WHERE a.id = e.id
 RETURNING a.id, a.kind, a.trace
 """)
 
@@ -117,10 +109,10 @@ RETURNING a.id, a.kind, a.trace
 #           are written here, so its trigger's WHEN condition lets the row through without entering PL/pgSQL.
 #   both:   `trace`, the attempt's whole trace (what its claim found and what it noted) when it noted
 #           something; null keeps the stored one.
-# Each write comes back with its outcome: written; held (its row, or for a result its lane's lock, is held
-# by another transaction: try again); gone (erased); stale (another claim took it; with the row's epoch and
-# state); short (a fence with less than the window left); none (nothing to write). The tallies count every
-# result decided here (not the held ones), recorded or not.
+# Each write comes back with its outcome: written; held (its row is locked by another transaction, for a
+# result also by an enqueue behind it that has not committed: try again); gone (erased); stale (another
+# claim took it; with the row's epoch and state); short (a fence with less than the window left); none
+# (nothing to write). The tallies count every result decided here (not the held ones), recorded or not.
 # The writes as rows, from one JSON array of arrays (`:writes`, see `_write_row`): one parameter that Python
 # encodes in C, however many writes. Read as a CTE where a hash join serves, and again in the result's UPDATE,
 # where a function scan lets the planner probe agent_action by primary key for each write.
@@ -136,21 +128,29 @@ _WRITES = """(
 COMMIT_WRITES = text(f"""
 WITH w AS MATERIALIZED (
     SELECT * FROM {_WRITES.format(alias="w")}
-), locked AS MATERIALIZED (
-    SELECT id, epoch, state, lane_key,
-           lease_expires_at >= now() + make_interval(secs => :window_seconds) AS has_window
+), locked_for_results AS MATERIALIZED (
+    -- FOR UPDATE: a result may end its lane's holder, which waits for the enqueues behind it that have not
+    -- committed (they hold its row FOR KEY SHARE); such a result is held, and tried again
+    SELECT id, epoch, state, lease_expires_at >= now() + make_interval(secs => :window_seconds) AS has_window
       FROM agent_action
-     WHERE id = ANY (ARRAY(SELECT id FROM w WHERE op <> 'none'))
+     WHERE id = ANY (ARRAY(SELECT id FROM w WHERE op = 'finish'))
      ORDER BY id
      FOR UPDATE SKIP LOCKED
+), locked_for_fences AS MATERIALIZED (
+    -- FOR NO KEY UPDATE: a fence never waits for an enqueue
+    SELECT id, epoch, state, lease_expires_at >= now() + make_interval(secs => :window_seconds) AS has_window
+      FROM agent_action
+     WHERE id = ANY (ARRAY(SELECT id FROM w WHERE op = 'fence' EXCEPT SELECT id FROM w WHERE op = 'finish'))
+     ORDER BY id
+     FOR NO KEY UPDATE SKIP LOCKED
+), locked AS MATERIALIZED (
+    SELECT * FROM locked_for_results UNION ALL SELECT * FROM locked_for_fences
 ), current AS MATERIALIZED (
     -- the writes whose row this statement holds, still under their epoch: nobody can change them now,
     -- so the updates below need no other condition (and find each row by primary key)
-    SELECT w.id, w.op, l.lane_key, l.has_window FROM w JOIN locked AS l ON l.id = w.id
+    SELECT w.id, w.op, l.has_window FROM w JOIN locked AS l ON l.id = w.id
      WHERE l.epoch = w.epoch AND l.state = 'EXECUTING'
-), finishing AS MATERIALIZED (
-    SELECT lane_key FROM current WHERE op = 'finish'
-), lanes AS MATERIALIZED {_LANES_LOCKED.format(rows="finishing")}, fenced AS (
+), fenced AS (
     UPDATE agent_action AS a SET write_started_at = now(), trace = coalesce(w.trace, a.trace)
       FROM w
      WHERE a.id = w.id AND w.id = ANY (ARRAY(SELECT id FROM current WHERE op = 'fence' AND has_window))
@@ -171,9 +171,7 @@ WITH w AS MATERIALIZED (
            lane_head = a.lane_head AND f.state NOT IN ('DONE', 'FAILED', 'UNCERTAIN', 'CANCELLED'),
            lease_expires_at = NULL
       FROM {_WRITES.format(alias="f")}
-     WHERE a.id = f.id
-       AND f.id = ANY (ARRAY(SELECT id FROM current
-                              WHERE op = 'finish' AND lane_key = ANY (ARRAY(SELECT lane_key FROM lanes))))
+     WHERE a.id = f.id AND f.id = ANY (ARRAY(SELECT id FROM current WHERE op = 'finish'))
     RETURNING a.id
 ), decided AS MATERIALIZED (
     SELECT w.id, w.op, w.kind, w.result, w.attempt_seconds, w.attempt_le, w.pickup_seconds, w.pickup_le,
@@ -183,7 +181,6 @@ WITH w AS MATERIALIZED (
                 WHEN l.id IS NULL AND EXISTS (SELECT 1 FROM agent_action AS e WHERE e.id = w.id) THEN 'held'
                 WHEN l.id IS NULL THEN 'gone'
                 WHEN l.epoch <> w.epoch OR l.state <> 'EXECUTING' THEN 'stale'
-                WHEN w.op = 'finish' THEN 'held'
                 ELSE 'short' END AS outcome
       FROM w LEFT JOIN locked AS l ON l.id = w.id
 ), tallied AS MATERIALIZED (
