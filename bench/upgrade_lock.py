@@ -15,6 +15,7 @@ The pairs are alternated within every run, each on a database of its own on one 
 from __future__ import annotations
 
 import argparse
+import itertools
 import statistics
 import threading
 import time
@@ -108,7 +109,7 @@ def measure(server: str, pair: str, run: int) -> Held:
     during = [t for t in commits if t >= began]
     before = [t for t in commits if t < began][-1:]
     stamps = before + during
-    gaps = [b - a for a, b in zip(stamps, stamps[1:], strict=False) if b >= began and a <= ended]
+    gaps = [b - a for a, b in itertools.pairwise(stamps) if b >= began and a <= ended]
     return Held(pair, ended - began, max(gaps, default=0.0), len(commits))
 
 

@@ -222,7 +222,8 @@ def _inserted(conn: SyncConnection, valid: list[ValidRequest], *, many: bool) ->
         found, missing = _found(pending, run(conn, _insert(pending)), many=many)
         by_key |= found
         if missing:
-            by_key |= run(conn, store.actions_by_key(missing))
+            raced = run(conn, store.actions_by_key(missing))
+            by_key |= raced
         pending = [v for v in pending if v.idempotency_key not in by_key]
         if not pending:
             return by_key
