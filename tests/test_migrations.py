@@ -268,3 +268,61 @@ def test_revision_0014_keeps_the_index_a_dba_built_concurrently_unless_the_build
         assert conn.execute(INDEX_DEF, {"name": "ix_agent_action_state_created"}).scalar_one() == fresh
         assert conn.execute(INDEX_OID, {"name": "ix_agent_action_created"}).scalar_one() is not None
     engine.dispose()
+
+
+LANE_ROWS_0014 = text("SELECT lane_key, head_id, executing, ready_at FROM agent_lane ORDER BY lane_key")
+HOLDERS = text("SELECT lane_key, idempotency_key FROM agent_action WHERE lane_head ORDER BY lane_key")
+FUNCTIONS = text(
+    "SELECT proname, md5(prosrc) FROM pg_proc WHERE pronamespace = 'public'::regnamespace ORDER BY proname"
+)
+TRIGGERS = text("SELECT tgname, md5(pg_get_triggerdef(oid)) FROM pg_trigger WHERE NOT tgisinternal ORDER BY tgname")
+
+
+def test_revision_0015_marks_each_lane_s_holder_and_its_downgrade_gives_the_lane_table_back(
+    empty_database_url: str,
+) -> None:
+    """Lanes of every shape at 0014 (an executing action with two waiting behind it, a lone ADMITTED one, a
+    lone PROPOSED one, one whose actions all ended): 0015 marks the rule's holder of each; down to 0014 (its
+    actions unended, so forced) gives back the lane rows, functions and triggers 0014 had, exactly."""
+    from outbox.testing import install_kinds
+    from tests import kinds
+
+    engine = create_engine(empty_database_url)
+    with engine.begin() as conn:
+        migrate.upgrade(conn, "0014")
+        install_kinds(conn, [kinds.NOOP])
+        for key, lane, state in [
+            ("a1", "a", "ADMITTED"), ("a2", "a", "ADMITTED"), ("a3", "a", "PROPOSED"),
+            ("b1", "b", "ADMITTED"), ("c1", "c", "PROPOSED"), ("d1", "d", "ADMITTED"),
+        ]:  # fmt: skip
+            conn.execute(
+                text(
+                    "INSERT INTO agent_action (kind, workspace_id, lane_key, idempotency_key, payload,"
+                    " max_attempts, state) VALUES ('TEST_NOOP', 1, :lane, :key, '{}', 3, :state)"
+                ),
+                {"key": key, "lane": lane, "state": state},
+            )
+        claim = (
+            "UPDATE agent_action SET state = 'EXECUTING', epoch = epoch + 1, attempt = attempt + 1,"
+            " lease_expires_at = now() + interval '5 minutes' WHERE idempotency_key = :key"
+        )
+        conn.execute(text(claim), {"key": "a1"})
+        conn.execute(text(claim), {"key": "d1"})
+        conn.execute(
+            text("UPDATE agent_action SET state = 'DONE', stop_reason = 'CONFIRMED' WHERE idempotency_key = 'd1'")
+        )
+        lanes, functions, triggers = (conn.execute(q).all() for q in (LANE_ROWS_0014, FUNCTIONS, TRIGGERS))
+        assert [r.lane_key for r in lanes] == ["a", "b", "c"]
+
+        migrate.upgrade(conn, "0015")
+        assert conn.execute(HOLDERS).all() == [("a", "a1"), ("b", "b1"), ("c", "c1")]
+        assert conn.execute(text("SELECT to_regclass('agent_lane')")).scalar_one() is None
+
+        migrate.downgrade(conn, "0014", force=True)
+        assert conn.execute(LANE_ROWS_0014).all() == lanes
+        assert conn.execute(FUNCTIONS).all() == functions
+        assert conn.execute(TRIGGERS).all() == triggers
+
+        migrate.upgrade(conn, "0015")  # and up again, the holders marked the same way
+        assert conn.execute(HOLDERS).all() == [("a", "a1"), ("b", "b1"), ("c", "c1")]
+    engine.dispose()
