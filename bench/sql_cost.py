@@ -12,7 +12,7 @@
 
 The variants: `bare` and `contract-minimal` (the loops of `bench.peers.sql_loop`), `outbox` (its schema and its
 executor's statements, as shipped), and outbox with one design element switched off each: the UPDATE trigger
-(lane upkeep and the ended tally, in one pass; the results then take no lane lock), the group commit's tally
+(lane upkeep and the ended tally, in one pass), the group commit's tally
 inserts, the PL/pgSQL guard (the result statement stamps what the guard stamps), each operator index, the
 sweep and retention indexes; and with a 500-byte payload (outbox and the contract-minimal table). `lean`
 switches off the UPDATE trigger, the tally inserts and the listing indexes at once; `lean-plain` runs the
@@ -72,12 +72,6 @@ def replace_once(sql: str, pattern: str, replacement: str) -> str:
     if found[1] != 1:
         raise RuntimeError(f"the group commit changed: {pattern!r} matched {found[1]} times")
     return found[0]
-
-
-def commit_without_lane_locks(sql: str) -> str:
-    return replace_once(
-        sql, r"lanes AS MATERIALIZED \(.*?\), fenced AS \(", "lanes AS (SELECT lane_key FROM current), fenced AS ("
-    )
 
 
 def commit_without_tallies(sql: str) -> str:
@@ -155,9 +149,8 @@ VARIANTS = [
     ),
     Variant(
         "no-update-trigger",
-        "no UPDATE trigger (lane upkeep and ended tally); results take no lane lock",
+        "no UPDATE trigger (lane upkeep and ended tally)",
         ddl=NO_UPDATE_TRIGGER,
-        commit=(commit_without_lane_locks,),
     ),
     Variant(
         "no-tally-inserts", "no attempt and latency tally inserts in the group commit", commit=(commit_without_tallies,)
@@ -180,7 +173,7 @@ VARIANTS = [
         "lean",
         "no UPDATE trigger, no tally inserts, no operator indexes but the due one",
         ddl=NO_UPDATE_TRIGGER + drop_indexes(*LISTING_INDEXES),
-        commit=(commit_without_lane_locks, commit_without_tallies),
+        commit=(commit_without_tallies,),
     ),
 ]
 VARIANTS.append(
