@@ -48,6 +48,8 @@ from outbox.executor.config import DEFAULTS
 
 ROOT = Path(__file__).resolve().parent.parent
 DRAIN_DEPLOYMENT = "outbox-drain/outbox-drain"
+# how long the workers get to start and poll their pool
+WORKERS_START_SECONDS = 120.0
 
 
 def descendants(pid: int) -> list[psutil.Process]:
@@ -165,14 +167,33 @@ class Stack:
             self._outbox("nats", "ensure-stream", "--stream", events.STREAM, *_subjects(events.STREAM_SUBJECTS))
         self._start_prefect()
         self._prefect("work-pool", "create", "outbox", "--type", "process", "--overwrite")
-        self._prefect("automation", "create", "--from-file", str(ROOT / "deploy" / "prefect-automations.yaml"))
-        self._prefect("--no-prompt", "deploy", "--all", "--prefect-file", str(self.prefect_file))
+        # the workers start as soon as their pool is there: their start-up (two Python processes each, both
+        # importing Prefect) overlaps the automation and the deployments being applied
+        for n in range(self.workers):
+            self.start_worker(f"worker-{n + 1}")
         metrics_port = free_port()
         self._spawn("exporter", [sys.executable, "-m", "outbox.cli", "metrics", "serve", "--port", str(metrics_port)])
         self.metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
-        for n in range(self.workers):
-            self.start_worker(f"worker-{n + 1}")
+        self._prefect("automation", "create", "--from-file", str(ROOT / "deploy" / "prefect-automations.yaml"))
+        self._prefect("--no-prompt", "deploy", "--all", "--prefect-file", str(self.prefect_file))
         wait_until_answers(self.metrics_url, 30, "the metrics exporter")
+        self.wait_for_workers(WORKERS_START_SECONDS)
+
+    def online_workers(self) -> set[str]:
+        """The Prefect names of the pool's ONLINE workers (each has sent a heartbeat lately: it polls)."""
+        body = {"workers": {"status": {"any_": ["ONLINE"]}}}
+        return {worker["name"] for worker in self.prefect_api("POST", "/work_pools/outbox/workers/filter", body)}
+
+    def wait_for_workers(self, timeout: float) -> None:
+        """Wait until every worker started here polls the pool, for at most `timeout` seconds."""
+        deadline = time.monotonic() + timeout
+        while missing := set(self.worker_names()) - self.online_workers():
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"the workers {', '.join(sorted(missing))} did not poll within {timeout:.0f} s:"
+                    f" see their logs in {self.workdir}"
+                )
+            time.sleep(0.5)
 
     def _outbox(self, *args: str) -> None:
         done = subprocess.run(
@@ -225,7 +246,7 @@ class Stack:
         """`outbox worker` on the pool's default queue and on a queue of its own, named after it. The queue is
         made first: a worker that polls a queue the pool does not have finds no run in any of its queues."""
         if not self._has_queue(prefect_worker_name(name)):
-            self._prefect("work-queue", "create", prefect_worker_name(name), "--pool", "outbox")
+            self.prefect_api("POST", "/work_pools/outbox/queues", {"name": prefect_worker_name(name)})
         queues = ["--work-queue", "default", "--work-queue", prefect_worker_name(name)]
         command = [
             *[sys.executable, "-m", "outbox.cli", "worker", "--name", prefect_worker_name(name), "--grace", "60"],
