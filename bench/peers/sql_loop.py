@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import time
 from pathlib import Path
@@ -253,19 +252,21 @@ def loop(url: str, variant: str, seconds: float | None, statements: tuple[str, s
 
 
 def schema(url: str, claim: TextClause | None = None, commit: TextClause | None = None) -> Result:
-    """outbox's claim and group commit, fences then results, on its own schema; `claim` and `commit` replace
-    outbox's statements (`bench.sql_cost` runs its variants of the schema this way)."""
+    """outbox's claim and group commit (`ExecutorStore.commit`), fences then results, on its own schema; `claim`
+    and `commit` replace outbox's claim and COMMIT_WRITES (`bench.sql_cost` runs its variants this way)."""
     return asyncio.run(_schema(url, claim, commit))
 
 
 async def _schema(url: str, claim: TextClause | None, commit: TextClause | None) -> Result:
     import bench.kinds  # noqa: F401  (registers the kinds the claimed rows name)
+    from outbox.executor import store as executor_store
     from outbox.executor.claimed import AttemptReport, FinishWrite
-    from outbox.executor.store import ExecutorStore, Write, _write_row, claimed_action
-    from outbox.store.executor import CLAIM_READY_HEADS, COMMIT_WRITES
+    from outbox.executor.store import ExecutorStore, Write, claimed_action
+    from outbox.store.executor import CLAIM_READY_HEADS
 
     claim_sql = claim if claim is not None else CLAIM_READY_HEADS
-    commit_sql = commit if commit is not None else COMMIT_WRITES
+    if commit is not None:  # the variant's group commit, run by ExecutorStore.commit as outbox's own is
+        executor_store.COMMIT_WRITES = commit
     store = ExecutorStore(url)  # the libpq URL the loops take
     conn = await store._connection()
     backend = conn.info.backend_pid
@@ -278,8 +279,7 @@ async def _schema(url: str, claim: TextClause | None, commit: TextClause | None)
     while rows := await store._rows(claim_sql, claim_params):
         claimed = [claimed_action(row, fresh=True) for row in rows]
         for writes in ([Write(a) for a in claimed], [Write(a, report, finish) for a in claimed]):
-            encoded = json.dumps([_write_row(write) for write in writes])
-            await store._rows(commit_sql, {"writes": encoded, "window_seconds": 60.0})
+            await store.commit(writes, 60.0)
         done += len(claimed)
     end = time.monotonic_ns()
     cpu = backend_cpu_seconds(backend) - cpu0

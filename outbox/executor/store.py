@@ -4,7 +4,8 @@ connections of its own: claim, sweep, and the group commit.
     Executor ──claim(limit)──────────────▶ CLAIM_READY_HEADS          ─▶ list[ClaimedAction]
              ──sweep(...)────────────────▶ BEAT, EXPIRE_UNSTARTED,
                                            TAKE_BACK_EXPIRED_LEASES   ─▶ Sweep (ended, claimed again)
-    Committer ──commit(writes)───────────▶ COMMIT_WRITES              ─▶ one WriteOutcome per write
+    Committer ──commit(writes)───────────▶ FENCE_WRITES (its fences),
+                                           COMMIT_WRITES (the rest)   ─▶ one WriteOutcome per write
               (each write: a fence or a result, with the attempt's trace when it noted one)
 
 Every call is one statement in a transaction of its own (the connection is in autocommit), so no executor
@@ -44,6 +45,7 @@ from outbox.store.executor import (
     CLAIM_READY_HEADS,
     COMMIT_WRITES,
     EXPIRE_UNSTARTED,
+    FENCE_WRITES,
     LATENCY_BUCKETS,
     TAKE_BACK_EXPIRED_LEASES,
 )
@@ -190,11 +192,33 @@ class ExecutorStore:
         await self._rows(store_metrics.LEAVE, {"executor_id": executor_id})
 
     async def commit(self, writes: Sequence[Write], window_seconds: float) -> list[WriteOutcome]:
-        """The group commit of `writes` (one per action); one outcome per write, in order."""
-        encoded = json.dumps([_write_row(write) for write in writes])
-        rows = await self._rows(COMMIT_WRITES, {"writes": encoded, "window_seconds": window_seconds})
-        found = {row.id: WriteOutcome(row.outcome, row.found_epoch, row.found_state) for row in rows}
-        return [found[write.action.id] for write in writes]
+        """The group commit of `writes` (one per action); one outcome per write, in order. The fences go first,
+        in a plain statement; the results, and any fence it did not write, in the group commit's statement
+        (each its own transaction: a fence and a result are independent writes)."""
+        fences = [write for write in writes if write.report is None]
+        fenced = await self._fence(fences, window_seconds) if fences else set()
+        rest = [write for write in writes if not (write.report is None and write.action.id in fenced)]
+        found: dict[int, WriteOutcome] = {}
+        if rest:
+            encoded = json.dumps([_write_row(write) for write in rest])
+            rows = await self._rows(COMMIT_WRITES, {"writes": encoded, "window_seconds": window_seconds})
+            found = {row.id: WriteOutcome(row.outcome, row.found_epoch, row.found_state) for row in rows}
+        return [
+            WriteOutcome("written", write.action.epoch, "EXECUTING")
+            if write.report is None and write.action.id in fenced
+            else found[write.action.id]
+            for write in writes
+        ]
+
+    async def _fence(self, fences: list[Write], window_seconds: float) -> set[int]:
+        """The ids of the fences FENCE_WRITES wrote."""
+        params = {
+            "ids": [write.action.id for write in fences],
+            "epochs": [write.action.epoch for write in fences],
+            "traces": [None if write.trace is None else json.dumps(write.trace) for write in fences],
+            "window_seconds": window_seconds,
+        }
+        return {row.id for row in await self._rows(FENCE_WRITES, params)}
 
 
 async def _fetch(conn: psycopg.AsyncConnection[Any], statement: TextClause, params: Mapping[str, Any]) -> list[Any]:

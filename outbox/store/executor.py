@@ -1,7 +1,7 @@
 """The executor's statements: the claim of lane heads, the sweep, the group commit, and the histogram bounds.
 
     claim ─▶ CLAIM_READY_HEADS        sweep ─▶ BEAT, EXPIRE_UNSTARTED, TAKE_BACK_EXPIRED_LEASES
-    group commit (fences and results of many attempts) ─▶ COMMIT_WRITES
+    group commit (fences and results of many attempts) ─▶ FENCE_WRITES (the fences), COMMIT_WRITES (the rest)
 
 `outbox.executor.store.ExecutorStore` runs them, each in a transaction of its own, on the executor's own
 connections. The group commit is one statement for any mix of fences and results: it locks the rows it can
@@ -96,6 +96,25 @@ UPDATE agent_action AS a SET state = 'CANCELLED', stop_reason = 'EXPIRED'
   FROM expired AS e
  WHERE a.id = e.id
 RETURNING a.id, a.kind, a.trace
+""")
+
+# Fences alone, the executor's most frequent write, as one plain UPDATE from typed arrays: each row still
+# EXECUTING with the write window left, locked without waiting (FOR NO KEY UPDATE SKIP LOCKED, as in the group
+# commit), written when it still carries its claim's epoch. The ids written come back; every other fence
+# (held, gone, stale, short) goes to COMMIT_WRITES, which tells which. `:traces`: each fence's trace as JSON
+# text, or null to keep the stored one.
+FENCE_WRITES = text("""
+WITH lockable AS MATERIALIZED (
+    SELECT id FROM agent_action
+     WHERE id = ANY (CAST(:ids AS bigint[])) AND state = 'EXECUTING'
+       AND lease_expires_at >= now() + make_interval(secs => :window_seconds)
+     ORDER BY id
+     FOR NO KEY UPDATE SKIP LOCKED
+)
+UPDATE agent_action AS a SET write_started_at = now(), trace = coalesce(f.trace, a.trace)
+  FROM unnest(CAST(:ids AS bigint[]), CAST(:epochs AS bigint[]), CAST(:traces AS jsonb[])) AS f (id, epoch, trace)
+ WHERE a.id = f.id AND a.epoch = f.epoch AND a.id IN (SELECT id FROM lockable)
+RETURNING a.id
 """)
 
 # The group commit: fences ('fence'), results ('finish') and results that write nothing ('none', tallied
