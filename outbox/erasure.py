@@ -1,6 +1,7 @@
 """Erasure: delete every action whose subject is an account, inside the caller's transaction.
 
-    erase_account(conn, account_id) ──DELETE by subject_account_id──▶ the lane trigger recomputes the lanes
+    erase_account(conn, account_id) ──DELETE by subject_account_id──▶ the delete trigger passes each lane whose
+                                                                      holder it deleted to its next action
 
 A pending action is then never carried out; an executing one is refused at its fence ("the action was
 erased"), or, if its write already passed the fence, reaches the provider and its result is not recorded.

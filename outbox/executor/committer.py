@@ -2,7 +2,7 @@
 
     attempts ──(fence | result + FinishWrite + AttemptReport, future)──▶ queue ──▶ one statement
         (`ExecutorStore.commit`, its own transaction):
-        lock the rows (and, for a state change, the lane rows) with SKIP LOCKED
+        lock the rows with SKIP LOCKED (a result's FOR UPDATE: an enqueue behind its lane's holder holds it)
         fence:  write_started_at where epoch and state still match and the lease covers the window
         result: the result's state where epoch and state still match; the attempt tallies beside it
         either: the attempt's trace (`attempt.note`), when it noted one, in the same row update

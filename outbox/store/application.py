@@ -205,7 +205,7 @@ CANCEL_UNSTARTED = decide_pending("CANCELLED", "OPERATOR_CANCELLED", ("PROPOSED"
 # ix_agent_action_ended. Starting where the last batch stopped skips the index entries of rows already
 # deleted, which VACUUM cannot clear while some old snapshot is open. SKIP LOCKED lets purges on several
 # replicas take disjoint batches; the ids go to the DELETE as an array, so each row is found by primary key
-# whatever the statistics say. Ended rows belong to no lane, so the lane trigger has nothing to recompute.
+# whatever the statistics say. Ended rows hold no lane (lane_head is false): the delete trigger passes none on.
 PURGE_ENDED_BATCH = text("""
 WITH batch AS MATERIALIZED (
     SELECT id, ended_at FROM agent_action
@@ -220,8 +220,8 @@ SELECT (SELECT count(*) FROM gone) AS deleted, (SELECT max(ended_at) FROM batch)
 """)
 COUNT_PURGEABLE = text("SELECT count(*) FROM agent_action WHERE ended_at IS NOT NULL AND ended_at < :cutoff")
 
-# Every action whose subject is the account, in any state; the lane trigger recomputes the lanes of
-# the pending and executing ones under their lane locks.
+# Every action whose subject is the account, in any state; the delete trigger passes each lane whose holder
+# it deleted to the lane's next action.
 ERASE_ACCOUNT = text("""
 WITH gone AS (DELETE FROM agent_action WHERE subject_account_id = :account_id RETURNING 1)
 SELECT count(*) AS erased FROM gone
