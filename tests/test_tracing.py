@@ -483,9 +483,9 @@ print(json.dumps({
 """
 
 
-def run_script(database_url: str, prelude: str, mode: str) -> dict[str, Any]:
+def run_script(database_url: str, prelude: str, mode: str, script: str = ENQUEUE_AND_DRAIN) -> dict[str, Any]:
     done = subprocess.run(
-        [sys.executable, "-c", prelude + ENQUEUE_AND_DRAIN, database_url, mode],
+        [sys.executable, "-c", prelude + script, database_url, mode],
         capture_output=True,
         text=True,
         timeout=120,
@@ -503,3 +503,48 @@ def test_without_the_extra_an_enqueue_and_a_drain_import_no_opentelemetry(databa
 def test_an_application_that_never_imported_opentelemetry_enqueues_without_importing_it(database_url: str) -> None:
     found = run_script(database_url, "", "enqueue")
     assert found["after_enqueue"] == found["at_end"] == [] and found["trace_context"] is None
+
+
+API_ONLY = """
+import asyncio, json, sys
+
+from opentelemetry import trace
+from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
+from sqlalchemy import text
+
+import outbox
+from outbox import tracing
+from outbox.db import async_engine, sync_engine
+from outbox.executor import Done
+from outbox.requests import ActionRequest
+from outbox.testing import drain
+from tests import kinds
+from tests.adapters import ScriptedAdapter
+
+url = sys.argv[1]
+incoming = SpanContext(0x4BF92F3577B34DA6A3CE929D0E0E4736, 0x00F067AA0BA902B7, True, TraceFlags(1))
+with trace.use_span(NonRecordingSpan(incoming)), sync_engine(url).begin() as conn:
+    outbox.enqueue(conn, ActionRequest(kind=kinds.READBACK, lane_key="a", idempotency_key="a", payload={}))
+sent = []
+
+
+async def call_provider(attempt):
+    (await attempt.fence().begin_write()).check()
+    with tracing.provider_call("TEST_READBACK call") as headers:
+        sent.append(headers)
+    return Done("sent")
+
+
+asyncio.run(drain(async_engine(url), [ScriptedAdapter(kinds.READBACK, call_provider)]))
+with sync_engine(url).connect() as conn:
+    stored = conn.execute(text("SELECT trace_context FROM agent_action")).scalar_one()
+print(json.dumps({"stored": stored, "sent": sent, "sdk": tracing.sdk_configured()}))
+"""
+
+
+def test_with_the_api_alone_the_stored_context_still_reaches_the_provider(database_url: str) -> None:
+    """No tracer provider set (a process that has the API through another package): no span is started, and the
+    provider call carries the enqueuing context on as it was stored."""
+    found = run_script(database_url, "", "", API_ONLY)
+    traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    assert found == {"stored": {"traceparent": traceparent}, "sent": [{"traceparent": traceparent}], "sdk": False}
