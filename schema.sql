@@ -24,13 +24,8 @@ SET row_security = off;
 CREATE FUNCTION public.after_agent_action_delete() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
-DECLARE
-    lanes text[];
 BEGIN
-    SELECT array_agg(DISTINCT lane_key) INTO lanes FROM old_rows WHERE lane_head;
-    IF lanes IS NOT NULL THEN
-        PERFORM hold_agent_lanes(lanes);
-    END IF;
+    PERFORM hold_agent_lanes(ARRAY[OLD.lane_key]);
     RETURN NULL;
 END
 $$;
@@ -573,7 +568,7 @@ CREATE UNIQUE INDEX ux_agent_action_lane_head ON public.agent_action USING btree
 -- Name: agent_action after_agent_action_delete; Type: TRIGGER; Schema: public; Owner: -
 --
 
-CREATE TRIGGER after_agent_action_delete AFTER DELETE ON public.agent_action REFERENCING OLD TABLE AS old_rows FOR EACH STATEMENT EXECUTE FUNCTION public.after_agent_action_delete();
+CREATE TRIGGER after_agent_action_delete AFTER DELETE ON public.agent_action FOR EACH ROW WHEN (old.lane_head) EXECUTE FUNCTION public.after_agent_action_delete();
 
 --
 -- Name: agent_action after_agent_action_update; Type: TRIGGER; Schema: public; Owner: -

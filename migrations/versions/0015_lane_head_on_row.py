@@ -9,7 +9,8 @@
                         the ended tally, and for the lanes whose holder ended (or was retried while an
                         earlier action had not started) the next holder, in a snapshot taken after the end
                         had its row lock
-    erasure (DELETE) ─▶ after_agent_action_delete: the lanes whose holder was deleted get their next holder
+    erasure (DELETE) ─▶ after_agent_action_delete, for each deleted holder only: its lane's next holder; the
+                        retention purge (ended rows) enters no trigger function and keeps no transition table
 
 - `agent_action.lane_head`: true on the one action that holds its lane, the executing one or else the oldest
   that has not started; false on every other and on every ended action. `ux_agent_action_lane_head` makes
@@ -274,14 +275,11 @@ BEGIN
 END
 $$;
 
+-- For each deleted holder only (the trigger's WHEN condition): the retention purge deletes ended rows, which
+-- hold no lane, so it enters no function and keeps no transition table.
 CREATE FUNCTION after_agent_action_delete() RETURNS trigger LANGUAGE plpgsql AS $$
-DECLARE
-    lanes text[];
 BEGIN
-    SELECT array_agg(DISTINCT lane_key) INTO lanes FROM old_rows WHERE lane_head;
-    IF lanes IS NOT NULL THEN
-        PERFORM hold_agent_lanes(lanes);
-    END IF;
+    PERFORM hold_agent_lanes(ARRAY[OLD.lane_key]);
     RETURN NULL;
 END
 $$;
@@ -312,8 +310,7 @@ CREATE TRIGGER after_agent_action_update AFTER UPDATE ON agent_action
     REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
     FOR EACH STATEMENT EXECUTE FUNCTION after_agent_action_update();
 CREATE TRIGGER after_agent_action_delete AFTER DELETE ON agent_action
-    REFERENCING OLD TABLE AS old_rows
-    FOR EACH STATEMENT EXECUTE FUNCTION after_agent_action_delete();
+    FOR EACH ROW WHEN (OLD.lane_head) EXECUTE FUNCTION after_agent_action_delete();
 GRANT SELECT (lane_head) ON agent_action TO outbox_reader;
 """
 
