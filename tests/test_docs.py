@@ -151,7 +151,11 @@ async def test_the_notice_example_runs_and_its_email_reaches_the_customer(
     run_example("notice", namespace)
     action = namespace["action"]
     assert action.created is True
-    assert (action.kind, action.lane_key, action.idempotency_key) == ("EMAIL", "customer:3:email", "order_shipped:7")
+    assert (action.kind, action.lane_key, action.idempotency_key) == (
+        "EMAIL",
+        "customer:3:email",
+        "email:order_shipped:7",
+    )
     assert (action.workspace_id, action.subject_account_id) == (None, 3)
     assert action.payload == {"notice": "order_shipped", "event": {"order_id": 7, "customer_id": 3}}
     with engine.begin() as conn:  # a retry of the same event after the customer turned the emails off
