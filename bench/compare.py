@@ -105,6 +105,10 @@ def empty_database(server: str, name: str) -> Iterator[str]:
         admin.dispose()
 
 
+# the database's committed transactions (its own counter; the drain's polling reads roll back)
+COMMITTED = "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()"
+
+
 def count(url: str, sql: str) -> int:
     engine = create_engine(url)
     try:
@@ -125,6 +129,10 @@ class Server:
             self.version = str(conn.execute(text("SHOW server_version")).scalar_one())
             self.postmaster = psutil.Process(psutil.Process(backend).ppid())
         engine.dispose()
+
+    def wal_position(self) -> int:
+        """Where the server inserts its next WAL record, in bytes from the start (the whole server's)."""
+        return count(self.url, "SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), '0/0')::bigint")
 
     def cpu_seconds(self) -> float:
         times = self.postmaster.cpu_times()
@@ -166,6 +174,8 @@ class Drain:
     missing: int
     order_violations: int = 0
     overlaps: int = 0
+    commits: int = 0  # transactions the database committed during the drain
+    wal_bytes: int = 0  # WAL the server wrote during the drain
 
     @property
     def rate(self) -> float:
@@ -199,7 +209,7 @@ def drain(
             cpu0 = sum(cpu_seconds(p.pid) for p in processes)
             spy = start_profiler(processes[0].pid, profile) if profile else None
             t0 = system.preload(url, jobs, lanes) or time.monotonic()
-            db0 = server.cpu_seconds()
+            db0, wal0, commits0 = server.cpu_seconds(), server.wal_position(), count(url, COMMITTED)
             engine = create_engine(url)
             pending_sql = text(system.pending_sql())
             with engine.connect() as conn:
@@ -211,6 +221,7 @@ def drain(
             seconds = time.monotonic() - t0
             engine.dispose()
             db_cpu = server.cpu_seconds() - db0
+            wal_bytes = server.wal_position() - wal0
             worker_cpu = sum(cpu_seconds(p.pid) for p in processes) - cpu0
             rss = max(peak_rss_bytes(p.pid) for p in processes)
             if spy is not None:
@@ -218,6 +229,7 @@ def drain(
                 spy.wait(timeout=60)
         finally:
             stop(processes)
+        commits = count(url, COMMITTED) - commits0  # the stopped workers' backends reported theirs as they ended
     rows = [r for path in records for r in read_records(path)]
     result = Drain(
         system.name,
@@ -232,6 +244,7 @@ def drain(
         duplicates=len(rows) - len({r[0] for r in rows}),
         missing=0 if pending > 0 else max(0, jobs - len({r[0] for r in rows})),
     )
+    result.commits, result.wal_bytes = commits, wal_bytes
     if lanes is not None:
         result.order_violations, result.overlaps = check_lanes(rows)
     return result
@@ -377,6 +390,8 @@ class Loop:
     variant: str
     rate: float  # jobs/s of the two processes together
     backend_us: float  # CPU of the loops' two server backends, µs per job
+    commits: float  # transactions committed per job
+    wal_bytes: float  # WAL the server wrote per job
 
 
 def sql_loop(db: Server, variant: str, jobs: int, seconds: float) -> Loop:
@@ -400,15 +415,17 @@ def sql_loop(db: Server, variant: str, jobs: int, seconds: float) -> Loop:
         argv = [python(), "-m", "bench.peers.sql_loop", variant, "--url", libpq]
         if variant == "lifecycle":
             argv += ["--seconds", str(seconds)]
+        wal0, commits0 = db.wal_position(), count(url, COMMITTED)
         processes = [
             start(WorkerSpec([*argv, "--out", str(out)]), run_dir / f"loop-{i}.log") for i, out in enumerate(outs)
         ]
         for process in processes:
             process.wait(timeout=600)
+        wal_bytes, commits = db.wal_position() - wal0, count(url, COMMITTED) - commits0
     results = [sql_loop_module.read_result(out) for out in outs]
     done = sum(r[0] for r in results)
     rate = done / ((max(r[2] for r in results) - min(r[1] for r in results)) / 1e9)
-    return Loop(variant, rate, sum(r[3] for r in results) / done * 1e6)
+    return Loop(variant, rate, sum(r[3] for r in results) / done * 1e6, commits / done, wal_bytes / done)
 
 
 def pgbench(db: Server, clients: int, seconds: float) -> float:
@@ -677,6 +694,8 @@ def report(
         ("peak RSS of one worker (MiB)", lambda r: r.peak_rss / 2**20, 0),
         ("worker CPU s per 1,000 jobs", lambda r: r.worker_cpu / r.done * 1000, 3),
         ("PostgreSQL CPU s per 1,000 jobs", lambda r: r.db_cpu / r.done * 1000, 3),
+        ("commits per job", lambda r: r.commits / r.done, 2),
+        ("WAL bytes per job", lambda r: r.wal_bytes / r.done, 0),
     ]
     for label, get, digits in costs:
         rows.append((label, {n: med(n, get) for n in names}, False, digits))
@@ -714,14 +733,20 @@ def report(
     if loops:
         lines += [
             "",
-            "| SQL-only loop, 2 processes | jobs/s (median) | rounds | backend CPU µs per job (median) | rounds |",
-            "| --- | ---: | --- | ---: | --- |",
+            "| SQL-only loop, 2 processes | jobs/s (median) | rounds | backend CPU µs per job (median) | rounds"
+            " | commits per job | WAL bytes per job |",
+            "| --- | ---: | --- | ---: | --- | ---: | ---: |",
         ]
         for variant, runs in loops.items():
             rates = " / ".join(fmt(r.rate) for r in runs)
             cpus = " / ".join(fmt(r.backend_us, 1) for r in runs)
             cpu = statistics.median(r.backend_us for r in runs)
-            lines.append(f"| {variant} | {fmt(limit[variant])} | {rates} | {fmt(cpu, 1)} | {cpus} |")
+            commits = statistics.median(r.commits for r in runs)
+            wal = statistics.median(r.wal_bytes for r in runs)
+            lines.append(
+                f"| {variant} | {fmt(limit[variant])} | {rates} | {fmt(cpu, 1)} | {cpus} | {fmt(commits, 3)}"
+                f" | {fmt(wal)} |"
+            )
         if "schema" in limit and "contract-minimal" in limit:
             minimal = statistics.median(r.backend_us for r in loops["contract-minimal"])
             ours = statistics.median(r.backend_us for r in loops["schema"])
