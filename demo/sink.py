@@ -2,8 +2,9 @@
 
     relay faults (per stage) ──▶ aiosmtpd handler ──▶ Received (envelope, EHLO name, Message-ID, data) kept in memory
 
-Tests inject one fault per stage (a reply to MAIL, RCPT or DATA, a login refusal, a drop or a stall after
-DATA); the demo sets `flaky` to fail a share of deliveries the way real relays do. A message is kept
+Tests inject one fault per stage (a reply instead of the greeting, or to EHLO, STARTTLS, AUTH, MAIL, RCPT or
+DATA, a drop or a stall after DATA); a 421 closes the connection after it, as relays do. The demo sets
+`flaky` to fail a share of deliveries the way real relays do. A message is kept
 as soon as its content arrived, also when the connection is then dropped or stalled, because a real
 relay may deliver such a message: that is what makes the at-most-once rule matter.
 
@@ -33,6 +34,10 @@ from aiosmtpd.smtp import AuthResult, Envelope, LoginPassword, Session
 
 @dataclass
 class Faults:
+    connect: str | None = None  # the reply instead of the greeting, e.g. "421 4.7.0 too many connections"
+    ehlo: str | None = None  # the reply to EHLO
+    starttls: str | None = None  # the reply to STARTTLS (the sink offers it when it has a TLS context)
+    login: str | None = None  # the reply to AUTH
     mail: str | None = None  # the reply to MAIL FROM, e.g. "451 4.3.0 try later"
     rcpt: dict[str, str] = field(default_factory=dict)  # address -> reply to its RCPT TO
     data: str | None = None  # the reply once the content arrived, e.g. "554 5.7.1 refused"
@@ -99,6 +104,50 @@ class _Handler:
         return f"250 2.0.0 queued as {len(self.sink.received)}"
 
 
+class _FaultyServer(SmtpServer):
+    """aiosmtpd's server, answering the sink's faults for the greeting, EHLO, STARTTLS and AUTH."""
+
+    def __init__(self, sink: SmtpSink, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.sink = sink
+        self._greeted = False
+
+    async def push(self, status: Any) -> None:
+        if not self._greeted:  # the first line is the greeting
+            self._greeted = True
+            status = self.sink.faults.connect or status
+        await super().push(status)
+        if (status.encode() if isinstance(status, str) else status).startswith(b"421") and self.transport:
+            self.transport.close()  # a 421 ends the session
+
+    async def smtp_EHLO(self, hostname: str) -> None:
+        if self.sink.faults.ehlo:
+            await self.push(self.sink.faults.ehlo)
+            return
+        await super().smtp_EHLO(hostname)
+
+    async def smtp_STARTTLS(self, arg: str) -> None:
+        if self.sink.faults.starttls:
+            await self.push(self.sink.faults.starttls)
+            return
+        await super().smtp_STARTTLS(arg)
+
+    async def smtp_AUTH(self, arg: str) -> None:
+        if self.sink.faults.login:
+            await self.push(self.sink.faults.login)
+            return
+        await super().smtp_AUTH(arg)
+
+
+class _FaultyController(Controller):
+    def __init__(self, sink: SmtpSink, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.sink = sink
+
+    def factory(self) -> SmtpServer:
+        return _FaultyServer(self.sink, self.handler, **self.SMTP_kwargs)
+
+
 class SmtpSink:
     """Start with `start()`, stop with `stop()`; `received` holds every message kept."""
 
@@ -123,7 +172,9 @@ class SmtpSink:
             options["tls_context"] = tls_context
         if credentials is not None:
             options.update(authenticator=self._authenticate, auth_require_tls=False, auth_required=True)
-        self._controller = Controller(_Handler(self), hostname="127.0.0.1", port=port or _free_port(), **options)
+        self._controller = _FaultyController(
+            self, _Handler(self), hostname="127.0.0.1", port=port or _free_port(), **options
+        )
 
     @property
     def port(self) -> int:

@@ -298,8 +298,8 @@ TABLE = [
     ("404", ("ADMITTED", None, 1), 0, "404"),
     ("429 7", ("ADMITTED", None, 0), 0, "429: the receiver asked to wait 7 s"),
     ("503 7", ("ADMITTED", None, 0), 0, "503: the receiver asked to wait 7 s"),
-    ("429", ("ADMITTED", None, 1), 0, "429: the receiver did not take"),
-    ("503 soon", ("ADMITTED", None, 1), 0, "503: the receiver did not take"),
+    ("429", ("ADMITTED", None, 0), 0, "429: the receiver asks to slow down"),
+    ("503 soon", ("ADMITTED", None, 0), 0, "503: the receiver asks to slow down"),
     ("302", ("ADMITTED", None, 1), 0, "302: a redirect, not followed"),
     ("307", ("ADMITTED", None, 1), 0, "307: a redirect, not followed"),
     ("reset", ("ADMITTED", None, 1), 0, "response: ReadError after the request was sent"),
@@ -342,6 +342,8 @@ async def test_each_answer_of_the_receiver(
             assert 0.5 <= elapsed < 5  # the request bound, not the receiver, ended the attempt
         if step.endswith(" 7"):
             assert 6 < found["due_in"] <= 7  # the receiver's Retry-After, not the schedule
+        if step in ("429", "503 soon"):
+            assert 0 < found["due_in"] <= 1  # the first slow-down's backoff, not the schedule
     finally:
         good.stop()
 

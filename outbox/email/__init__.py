@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from outbox.exports import lazy_names
 
 if TYPE_CHECKING:
-    from outbox.email.adapter import EmailAdapter, SmtpSettings, classify_reply, email_adapters
+    from outbox.email.adapter import EmailAdapter, SmtpSettings, email_adapters
     from outbox.email.message import Draft, InvalidEmail, PreparedEmail, Recipient, message_id
     from outbox.email.notice import (
         EmailNotice,
@@ -27,6 +27,7 @@ if TYPE_CHECKING:
         notice_named,
         register,
     )
+    from outbox.email.replies import classify_reply
 
 # no name here may be a module of this package too (the module would replace the name once imported)
 _HOMES = {
@@ -38,7 +39,7 @@ _HOMES = {
     "Recipient": "outbox.email.message",
     "SmtpSettings": "outbox.email.adapter",
     "UnknownNotice": "outbox.email.notice",
-    "classify_reply": "outbox.email.adapter",
+    "classify_reply": "outbox.email.replies",
     "email_adapters": "outbox.email.adapter",
     "enqueue_email": "outbox.email.notice",
     "enqueue_email_async": "outbox.email.notice",

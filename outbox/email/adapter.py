@@ -15,15 +15,21 @@ relay's logs. The executor writes the trace with the fence (durable before anyth
 result, and shows it in the UNCERTAIN warning line and the drain's events; the adapter runs no SQL of its
 own beyond the notice's recipients query.
 
+A reply the relay gives is classified by the rules of `outbox.email.replies` (REPLY_RULES, shown in
+docs/email.md): before DATA, a 421 or a 4xx that means a rate, a throttle or greylisting is a slow-down,
+so the attempt ends Defer (nothing was sent, it does not count) and waits a backoff that grows with the
+action's earlier uncounted claims (`attempt.uncounted_claims()`, `outbox.executor.backoff.slow_down_delay`:
+SMTP names no time); any other 4xx is Retry, a 5xx at MAIL FROM or to every RCPT TO is Failed; from DATA
+on, a 4xx is Retry, a 5xx Failed, anything else Uncertain. What is not a reply:
+
 | stage                        | what happened                                 | result                         |
-| connect, greeting, EHLO, TLS | refused, dropped, timed out, any reply        | Retry                          |
-| login                        | any refusal (535) or failure                  | Retry                          |
-| MAIL FROM                    | 4xx, or dropped / 5xx                         | Retry / Failed PROVIDER_REFUSED|
-| RCPT TO                      | any 4xx / every recipient 5xx / some 5xx      | Retry / Failed / send the rest |
-|                              |                                               | (Done notes the refusals)      |
+| connect, EHLO, TLS, login    | refused, dropped, timed out                   | Retry                          |
+| STARTTLS                     | required, and the relay does not offer it     | Retry                          |
+| RCPT TO                      | any 4xx / every recipient 5xx / some 5xx      | the rules (a slow-down first) /|
+|                              |                                               | Failed / send the rest (Done   |
+|                              |                                               | notes the refusals)            |
 | before DATA                  | the write window closed                       | Retry                          |
-| DATA and after               | 4xx / 5xx                                     | Retry / Failed PROVIDER_REFUSED|
-| DATA and after               | dropped, timed out, any other reply           | Uncertain PROVIDER_UNCERTAIN   |
+| DATA and after               | dropped, timed out                            | Uncertain PROVIDER_UNCERTAIN   |
 | DATA                         | 250                                           | Done, the reply as readback_ref|
 
 When some recipients were refused with 5xx and the others took the message, the result is Done and its
@@ -61,8 +67,20 @@ from outbox.email.message import (
     message_id,
 )
 from outbox.email.notice import notice_of
+from outbox.email.replies import classify_reply
 from outbox.email.settings import EmailSettings, load_settings
-from outbox.executor import ActionAdapter, ActionAttempt, Cancelled, Done, Failed, Result, Retry, Uncertain, WriteWindow
+from outbox.executor import (
+    ActionAdapter,
+    ActionAttempt,
+    Cancelled,
+    Defer,
+    Done,
+    Failed,
+    Result,
+    Retry,
+    Uncertain,
+    WriteWindow,
+)
 from outbox.kinds import ActionKind
 
 TlsMode = Literal["auto", "starttls", "implicit", "none"]
@@ -205,9 +223,10 @@ class EmailAdapter:
         except Exception as error:  # anything else the mail library refuses, before the fence: nothing was sent
             return Failed(f"prepare: the {notice.name} notice cannot be written as a message ({type(error).__name__})")
         window = await attempt.fence().begin_write()
-        return await self._send(window, email, message)
+        return await self._send(window, email, message, attempt.uncounted_claims())
 
-    async def _send(self, window: WriteWindow, email: PreparedEmail, message: bytes) -> Result:
+    async def _send(self, window: WriteWindow, email: PreparedEmail, message: bytes, uncounted: int) -> Result:
+        """One SMTP exchange; `uncounted`: the action's earlier claims that did not count (a slow-down's wait)."""
         settings = self.settings
         tls = settings.effective_tls
         smtp = aiosmtplib.SMTP(
@@ -226,6 +245,7 @@ class EmailAdapter:
                 await smtp.connect()
                 if self._helo_name is None:
                     smtp.local_hostname = address_literal(smtp.get_transport_info("sockname"))
+                stage = "ehlo"
                 await smtp.ehlo()
                 if tls == "starttls":
                     stage = "starttls"
@@ -238,9 +258,11 @@ class EmailAdapter:
                 stage = "mail"
                 await smtp.mail(settings.sender)
                 stage = "rcpt"
-                refused = await _recipients(smtp, email.recipients)
-                if any(400 <= code < 500 for code in refused):
-                    return Retry(f"rcpt: {_codes(refused)}; refused for now, nothing was sent")
+                replies = await _recipients(smtp, email.recipients)
+                for_now = [classify_reply("rcpt", code, text, uncounted) for code, text in replies if code < 500]
+                if for_now:  # nobody receives it yet: a slow-down of any recipient defers the whole transaction
+                    return next((result for result in for_now if isinstance(result, Defer)), for_now[0])
+                refused = [code for code, _ in replies]
                 if len(refused) == len(email.recipients):
                     return Failed(f"rcpt: {_codes(refused)}; every recipient refused")
                 if window.remaining() <= 0:
@@ -251,7 +273,7 @@ class EmailAdapter:
                 await smtp.quit(timeout=1)
             return Done(readback_ref(f"{response.code} {response.message}", refused, len(email.recipients)))
         except aiosmtplib.SMTPResponseException as reply:
-            return classify_reply(stage, reply.code)
+            return classify_reply(stage, reply.code, reply.message, uncounted)
         except (aiosmtplib.SMTPException, OSError, TimeoutError) as error:
             if stage == "data":
                 return Uncertain(f"data: {type(error).__name__} during or after DATA")
@@ -271,14 +293,16 @@ def email_adapters(engine: AsyncEngine) -> list[ActionAdapter]:
     return [EmailAdapter(engine, SmtpSettings.from_settings(load_settings()))]
 
 
-async def _recipients(smtp: aiosmtplib.SMTP, recipients: tuple[Recipient, ...]) -> list[int]:
-    """RCPT TO each recipient; the codes of those refused."""
+async def _recipients(smtp: aiosmtplib.SMTP, recipients: tuple[Recipient, ...]) -> list[tuple[int, str]]:
+    """RCPT TO each recipient; the code and text of each refusal. A 421 ends the loop: the relay closes."""
     refused = []
     for recipient in recipients:
         try:
             await smtp.rcpt(recipient.address)
         except aiosmtplib.SMTPRecipientRefused as reply:
-            refused.append(reply.code)
+            refused.append((reply.code, reply.message))
+            if reply.code == 421:
+                break
     return refused
 
 
@@ -292,16 +316,3 @@ def readback_ref(reply: str, refused: list[int], recipients: int) -> str:
 
 def _codes(codes: list[int]) -> str:
     return ", ".join(str(code) for code in sorted(set(codes)))
-
-
-def classify_reply(stage: str, code: int) -> Result:
-    """A relay's refusal at `stage`, by the table in this module's docstring."""
-    if 400 <= code < 500:
-        return Retry(f"{stage}: {code}; the relay accepted nothing")
-    if stage == "data":
-        if 500 <= code < 600:
-            return Failed(f"data: {code}; the relay refused the message")
-        return Uncertain(f"data: unexpected reply {code}")
-    if stage in ("mail", "rcpt") and 500 <= code < 600:
-        return Failed(f"{stage}: {code}; the relay refused it")
-    return Retry(f"{stage}: {code}; nothing was sent")

@@ -136,6 +136,12 @@ class ActionAttempt:
         up its earlier write whenever this is true never depends on that mark."""
         return self.action.epoch > 1
 
+    def uncounted_claims(self) -> int:
+        """The earlier claims of this action that did not count: deferrals, outbox's own faults and hand-backs
+        on stop. A claim raises epoch and attempt together and such a result lowers attempt again, so this is
+        `epoch - attempt`. A slow-down's wait grows with it (`outbox.executor.backoff.slow_down_delay`)."""
+        return self.action.epoch - self.action.attempt
+
     def fence(self) -> Fence:
         return Fence(self)
 

@@ -12,6 +12,13 @@ shape, from 1 s doubling to 60 s, by the claims of the action that did not count
 attempt` at the claim: own faults, deferrals and hand-backs on stop). The database comes back within
 seconds after a restart or a failover, so the first waits are short; the cap keeps a long outage to one
 try a minute per action, and the jitter spreads the actions that failed together.
+
+Slow-down (the provider asked to slow down before anything was written, such as an SMTP 421 or a 429 with no
+Retry-After; the attempt does not count): the same shape again, from 1 s doubling to 5 minutes, by the same
+count of uncounted claims. The provider names no time, so the first waits are short (a rate limit's window
+is often a second or a minute); doubling keeps an action that meets the limit again and again from asking
+over and over, and the cap bounds the wait after a long throttle to one try every 2.5 to 5 minutes per
+action, so the backlog drains soon after the provider accepts again.
 """
 
 from __future__ import annotations
@@ -23,6 +30,9 @@ CAP_SECONDS = 3600.0
 
 OWN_FAULT_BASE_SECONDS = 1.0
 OWN_FAULT_CAP_SECONDS = 60.0
+
+SLOW_DOWN_BASE_SECONDS = 1.0
+SLOW_DOWN_CAP_SECONDS = 300.0
 
 
 # a scheduled wait is drawn from [d, d * (1 + SCHEDULE_JITTER)]
@@ -41,5 +51,15 @@ def retry_delay(attempt: int, schedule: tuple[float, ...] | None = None, rng: ra
 
 def own_fault_delay(uncounted: int, rng: random.Random | None = None) -> float:
     """The wait after an own fault, when `uncounted` earlier claims of the action did not count."""
-    ceiling = min(OWN_FAULT_CAP_SECONDS, OWN_FAULT_BASE_SECONDS * 2 ** min(max(0, uncounted), 16))
+    return _doubling(OWN_FAULT_BASE_SECONDS, OWN_FAULT_CAP_SECONDS, uncounted, rng)
+
+
+def slow_down_delay(uncounted: int, rng: random.Random | None = None) -> float:
+    """The wait after a provider's slow-down that named no time, when `uncounted` earlier claims of the
+    action did not count."""
+    return _doubling(SLOW_DOWN_BASE_SECONDS, SLOW_DOWN_CAP_SECONDS, uncounted, rng)
+
+
+def _doubling(base: float, cap: float, uncounted: int, rng: random.Random | None) -> float:
+    ceiling = min(cap, base * 2 ** min(max(0, uncounted), 16))
     return (rng or random).uniform(ceiling / 2, ceiling)

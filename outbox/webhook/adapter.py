@@ -18,13 +18,18 @@ webhooks do, every answer but 2xx is retried (a redirect is never followed; it c
 |                                                              | in a JSON answer                               |
 | 410 Gone                                                     | Failed PROVIDER_REFUSED, at once               |
 | 429 or 503 with Retry-After (seconds or an HTTP date)        | Defer, the wait clamped to 1 s .. 1 h          |
-| 3xx (not followed), any other 4xx, 429 / 503 without         | Retry (the schedule)                           |
-| Retry-After, 5xx                                             |                                                |
+| 429 or 503 without a readable Retry-After                    | Defer, a backoff: 1 s doubling to 5 min        |
+| 3xx (not followed), any other 4xx, 5xx                       | Retry (the schedule)                           |
 | refused, DNS failure, connect timeout, TLS handshake failure | Retry: nothing was sent                        |
 | timeout, reset or protocol error once the request was sent   | Retry with the same webhook-id; at the        |
 |                                                              | action's last attempt Uncertain               |
 |                                                              | PROVIDER_UNCERTAIN (Failed would claim the    |
 |                                                              | receiver holds nothing)                       |
+
+429 and 503 ask the sender to slow down: the receiver took nothing, so the attempt does not count. Without a
+Retry-After the wait is `outbox.executor.backoff.slow_down_delay` of the action's earlier uncounted claims
+(`attempt.uncounted_claims()`): short at first, doubling while the receiver keeps refusing, never above 5
+minutes, with jitter.
 
 An attempt whose answer was lost after the request was sent notes `answer_lost` in the trace: at the last
 attempt, any answer that would be a Retry (nothing sent this time, a 5xx) ends Uncertain PROVIDER_UNCERTAIN
@@ -54,6 +59,7 @@ from outbox import tracing
 from outbox.errors import InvalidRequest
 from outbox.executor import ActionAdapter, ActionAttempt, Cancelled, Defer, Done, Failed, Result, Retry, Uncertain
 from outbox.executor.attempt import WriteWindow
+from outbox.executor.backoff import slow_down_delay
 from outbox.extras import needs
 from outbox.kinds import ActionKind
 from outbox.webhook.endpoints import WebhookEndpoint, endpoint_secrets, registered_endpoints
@@ -140,7 +146,7 @@ class WebhookAdapter:
             return Failed(f"compose: {invalid}")
         window = await attempt.fence().begin_write()
         last = action.attempt >= action.max_attempts
-        result = await self._post(window, endpoint, request, last=last)
+        result = await self._post(window, endpoint, request, last=last, uncounted=attempt.uncounted_claims())
         if isinstance(result, Retry) and SENT_UNANSWERED in result.reason:
             attempt.note(answer_lost=True)  # the receiver may hold it from now on
         if last and isinstance(result, Retry) and attempt.trace.get("answer_lost"):
@@ -148,7 +154,7 @@ class WebhookAdapter:
         return result
 
     async def _post(
-        self, window: WriteWindow, endpoint: WebhookEndpoint, request: SignedRequest, *, last: bool
+        self, window: WriteWindow, endpoint: WebhookEndpoint, request: SignedRequest, *, last: bool, uncounted: int
     ) -> Result:
         stage = "connect"
 
@@ -181,7 +187,7 @@ class WebhookAdapter:
         except (httpx.RequestError, TimeoutError, OSError) as error:
             if status is None:
                 return _unanswered(stage, type(error).__name__, last)
-        return classify(status, head.get("retry-after"), answer[:RESPONSE_LIMIT], msg_id)
+        return classify(status, head.get("retry-after"), answer[:RESPONSE_LIMIT], msg_id, uncounted)
 
 
 def _unanswered(stage: str, error: str, last: bool) -> Result:
@@ -192,8 +198,9 @@ def _unanswered(stage: str, error: str, last: bool) -> Result:
     return Retry(f"{stage}: {error} {SENT_UNANSWERED}; the next attempt sends the same webhook-id")
 
 
-def classify(status: int, retry_after: str | None, answer: bytes, msg_id: str) -> Result:
-    """The receiver's answer, by the table in this module's docstring."""
+def classify(status: int, retry_after: str | None, answer: bytes, msg_id: str, uncounted: int) -> Result:
+    """The receiver's answer, by the table in this module's docstring; `uncounted`: the action's earlier claims
+    that did not count (the slow-down's wait grows with them)."""
     if 200 <= status < 300:
         ref = f"{status} webhook-id={msg_id}"
         receiver = receiver_id(answer)
@@ -204,6 +211,7 @@ def classify(status: int, retry_after: str | None, answer: bytes, msg_id: str) -
         after = retry_after_seconds(retry_after, datetime.now(UTC))
         if after is not None:
             return Defer(after, f"{status}: the receiver asked to wait {after:g} s")
+        return Defer(slow_down_delay(uncounted), f"{status}: the receiver asks to slow down; it took nothing")
     if 300 <= status < 400:
         return Retry(f"{status}: a redirect, not followed")
     return Retry(f"{status}: the receiver did not take the webhook")
