@@ -153,7 +153,7 @@ def bulk_admit(engine: Engine, count: int, lanes: int, *, lane_prefix: str = "la
             text("""
             INSERT INTO agent_action (kind, workspace_id, lane_key, idempotency_key, payload, max_attempts, state)
             SELECT 'TEST_NOOP', 1, :prefix || '-' || (g % :lanes), :prefix || '-job-' || g, '{}', 5, 'ADMITTED'
-              FROM generate_series(:start, :start + :count - 1) AS g
+              FROM generate_series(CAST(:start AS bigint), CAST(:start AS bigint) + :count - 1) AS g
         """),
             {"count": count, "lanes": lanes, "prefix": lane_prefix, "start": start},
         )
