@@ -548,3 +548,41 @@ def test_with_the_api_alone_the_stored_context_still_reaches_the_provider(databa
     found = run_script(database_url, "", "", API_ONLY)
     traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
     assert found == {"stored": {"traceparent": traceparent}, "sent": [{"traceparent": traceparent}], "sdk": False}
+
+
+# -- `outbox run`
+
+
+def traced_adapters(engine: AsyncEngine) -> list[ScriptedAdapter]:
+    """`outbox run --adapters tests.test_tracing:traced_adapters`: docs/tracing.md's set-up in the executor's
+    process, exporting to OTEL_EXPORTER_OTLP_ENDPOINT, and a test kind's adapter."""
+    namespace: dict[str, Any] = {}
+    code, page = example("tracing-setup")
+    exec(compile(code, page, "exec"), namespace)
+    namespace["export_traces"]("outbox-run")
+    return [ScriptedAdapter(kinds.READBACK)]
+
+
+def test_outbox_run_exports_the_attempt_spans_under_the_enqueuing_trace(
+    collector: Collector, engine: Engine, database_url: str
+) -> None:
+    with trace.get_tracer("app").start_as_current_span("POST /pings") as request, engine.begin() as conn:
+        action = outbox.enqueue(
+            conn, ActionRequest(kind=kinds.READBACK, lane_key="run", idempotency_key="run", payload={})
+        )
+    env = {
+        **os.environ,
+        "OUTBOX_DATABASE_URL": database_url,
+        "OTEL_EXPORTER_OTLP_ENDPOINT": collector.url,
+        "PYTHONPATH": str(ROOT),
+    }
+    command = [sys.executable, "-m", "outbox.cli", "run", "--adapters", "tests.test_tracing:traced_adapters"]
+    # it ends on its own after --max-seconds; the SDK sends what is left as the process exits
+    done = subprocess.run(
+        [*command, "--max-seconds", "8"], env=env, cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    [span] = spans_of(collector, 1, **{"outbox.action.id": action.id})
+    assert span["trace_id"] == format(request.get_span_context().trace_id, "032x")
+    assert span["parent_id"] == format(request.get_span_context().span_id, "016x")
+    assert span["name"] == "TEST_READBACK attempt" and span["attributes"]["outbox.result"] == "DONE"
