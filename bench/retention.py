@@ -1,6 +1,6 @@
 """Retention benchmark: purge 1,000,000 ended rows while two executor processes keep claiming.
 
-    python -m bench.retention [--ended 1000000] [--rate 500] [--baseline-seconds 20]
+    python -m bench.retention [--ended 1000000] [--rate 500] [--baseline-seconds 20] [--batch-size 5000]
 
 1,000,000 ended rows (`bench.executor.seed_ended`, ended a day ago), two executor processes, and a steady
 feed of no-op actions (--rate per second over 1,000 lanes) that keeps them claiming. A sampler times
@@ -26,6 +26,7 @@ from sqlalchemy import Connection, Engine
 
 from bench import harness
 from bench.executor import seed_ended
+from outbox.limits import PURGE_BATCH_SIZE
 from outbox.store import executor as store_executor
 
 LANES = 1_000
@@ -69,9 +70,10 @@ def sample(sampler: Connection, feed: Feed, until: Callable[[], bool]) -> list[f
     return samples
 
 
-def start_purge(url: str) -> subprocess.Popen[bytes]:
+def start_purge(url: str, batch_size: int) -> subprocess.Popen[bytes]:
     env = {**os.environ, "OUTBOX_DATABASE_URL": url, "PYTHONPATH": str(harness.ROOT)}
     command = [sys.executable, "-m", "outbox.cli", "purge", "--older-than", "12h", "--json"]
+    command += ["--batch-size", str(batch_size)]
     return subprocess.Popen(command, env=env, cwd=harness.ROOT, stdout=subprocess.PIPE)
 
 
@@ -85,6 +87,7 @@ def main() -> None:
     parser.add_argument("--ended", type=int, default=1_000_000)
     parser.add_argument("--rate", type=int, default=500, help="actions enqueued per second during both phases")
     parser.add_argument("--baseline-seconds", type=float, default=20.0)
+    parser.add_argument("--batch-size", type=int, default=PURGE_BATCH_SIZE, help="the purge's rows per batch")
     args = parser.parse_args()
     server = harness.server_url()
     print(
@@ -102,7 +105,7 @@ def main() -> None:
                 sample(sampler, feed, lambda: time.monotonic() >= warm_up)
                 baseline_end = time.monotonic() + args.baseline_seconds
                 baseline = sample(sampler, feed, lambda: time.monotonic() >= baseline_end)
-                purge = start_purge(url)
+                purge = start_purge(url, args.batch_size)
                 during = sample(sampler, feed, lambda: purge.poll() is not None)
             stdout, _ = purge.communicate()
             if purge.returncode != 0:
@@ -116,7 +119,7 @@ def main() -> None:
     purge_p50, purge_p99 = quantiles(during)
     print(
         f"purge: {purged['deleted']:,} ended rows in {purged['seconds']:.1f} s:"
-        f" {purged['deleted'] / purged['seconds']:,.0f} rows/s (batches of 5,000); {left:,} left"
+        f" {purged['deleted'] / purged['seconds']:,.0f} rows/s (batches of {args.batch_size:,}); {left:,} left"
     )
     print(
         f"claim of 50 heads while 2 executors take {args.rate}/s: without purge p50 {base_p50:.2f} ms,"
