@@ -12,19 +12,19 @@ The action's payload is `{"notice": name, "event": {...}}`.
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
+from abc import abstractmethod
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 from sqlalchemy import TextClause
 
 from outbox.action import Action
+from outbox.email.kind import EMAIL
 from outbox.email.message import Draft, PreparedEmail, Recipient
 from outbox.errors import InvalidRequest, OutboxError
+from outbox.event_definition import EventDefinition
 from outbox.intake import enqueue, enqueue_async, held_action, held_action_async
-from outbox.kinds import ActionKind
-from outbox.requests import ActionRequest
-from outbox.store.caller import AsyncConn, SyncConnection, fetch, fetch_async
+from outbox.store.caller import AsyncConn, SyncConnection
 
 
 class UnknownNotice(OutboxError, LookupError):
@@ -33,42 +33,26 @@ class UnknownNotice(OutboxError, LookupError):
         super().__init__(f"no email notice is registered as {name!r} (registered: {known})")
 
 
-class EmailNotice(ABC):
-    """One kind of email: subclass it once, set the three class attributes, write the four methods, and
+class EmailNotice(EventDefinition):
+    """One kind of email: subclass it once, set the three class attributes (`name`, `workspace_scoped`,
+    `recipients_query`), write the four methods (`params`, `compose`, `idempotency_key`, `lane_key`), and
     `register` an instance in every process that enqueues it or runs the executor (docs/email.md, "The
-    notice interface"). `event` is always the JSON object of identifiers the action's payload holds."""
+    notice interface"). `event` is always the JSON object of identifiers the action's payload holds. The
+    Message-ID derives from `idempotency_key`. What every kind's definition shares (the rows, the action's
+    request, its workspace and account) is EventDefinition's."""
 
-    # the name stored in the payload and the trace; never change it while actions of it may be pending
-    name: ClassVar[str]
-    # True: the email belongs to a workspace (workspace_id from the event); False: to one account (none)
-    workspace_scoped: ClassVar[bool]
+    _kind = EMAIL
+    _name_key = "notice"
+
     # SELECT address, display_name ... : who receives it now; binds the parameters `params` returns
     recipients_query: ClassVar[TextClause]
-
-    @abstractmethod
-    def params(self, event: dict[str, Any]) -> dict[str, Any]:
-        """The query's parameters from the event; raise InvalidRequest for an event that is malformed. Also the
-        EMAIL kind's check of the event at enqueue, so check here every identifier the other methods read."""
 
     @abstractmethod
     def compose(self, event: dict[str, Any], recipients: tuple[Recipient, ...]) -> Draft:
         """The subject and plain text for the recipients the query found now (at least one)."""
 
-    @abstractmethod
-    def idempotency_key(self, event: dict[str, Any]) -> str:
-        """The action's idempotency key: one per effect (the Message-ID derives from it)."""
-
-    @abstractmethod
-    def lane_key(self, event: dict[str, Any]) -> str:
-        """The action's lane: the emails of one lane are sent one at a time, in the order enqueued."""
-
-    def workspace_id(self, event: dict[str, Any]) -> int | None:
-        """The action's workspace: `event["workspace_id"]` when the notice is workspace-scoped, else None."""
-        return int(event["workspace_id"]) if self.workspace_scoped else None
-
-    def subject_account_id(self, event: dict[str, Any]) -> int | None:
-        """The account the email addresses (erasing it deletes the action); None for a group."""
-        return None
+    def _rows_query(self) -> TextClause:
+        return self.recipients_query
 
     def prepared(self, event: dict[str, Any], rows: Sequence[Mapping[str, Any]]) -> PreparedEmail | None:
         """The email for the rows the query found; None when no row names an address.
@@ -87,23 +71,11 @@ class EmailNotice(ABC):
 
     def prepare(self, conn: SyncConnection, event: dict[str, Any]) -> PreparedEmail | None:
         """The email as it would go now, or None when it would reach nobody."""
-        return self.prepared(event, fetch(conn, self.recipients_query, self.params(event)))
+        return self.prepared(event, self.rows(conn, event))
 
     async def prepare_async(self, conn: AsyncConn, event: dict[str, Any]) -> PreparedEmail | None:
         """`prepare` on an async connection (as the adapter runs it before every attempt)."""
-        return self.prepared(event, await fetch_async(conn, self.recipients_query, self.params(event)))
-
-    def request(self, event: dict[str, Any], *, max_attempts: int = 5) -> ActionRequest:
-        """The EMAIL action's request for `event`, from the methods above."""
-        return ActionRequest(
-            kind=ActionKind.EMAIL,
-            lane_key=self.lane_key(event),
-            idempotency_key=self.idempotency_key(event),
-            payload={"notice": self.name, "event": event},
-            workspace_id=self.workspace_id(event),
-            subject_account_id=self.subject_account_id(event),
-            max_attempts=max_attempts,
-        )
+        return self.prepared(event, await self.rows_async(conn, event))
 
 
 _NOTICES: dict[str, EmailNotice] = {}

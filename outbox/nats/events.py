@@ -13,7 +13,7 @@ adapter's async connection before each attempt. The action's payload is `{"event
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
+from abc import abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -23,12 +23,12 @@ from sqlalchemy import TextClause
 
 from outbox.action import Action
 from outbox.errors import InvalidRequest, OutboxError
+from outbox.event_definition import EventDefinition
 from outbox.event_payload import checked_event, parts, split_checked
 from outbox.intake import enqueue, enqueue_async, held_action, held_action_async
-from outbox.kinds import ActionKind
+from outbox.nats.kind import NATS_EVENT
 from outbox.nats.message import check_event_type, event_token, message_body, message_subject
-from outbox.requests import ActionRequest
-from outbox.store.caller import AsyncConn, SyncConnection, fetch, fetch_async
+from outbox.store.caller import AsyncConn, SyncConnection
 
 
 class UnknownEvent(OutboxError, LookupError):
@@ -46,15 +46,17 @@ class PreparedEvent:
     body: bytes
 
 
-class NatsEvent(ABC):
-    """One type of event: subclass it once, set the class attributes, write the methods, and
+class NatsEvent(EventDefinition):
+    """One type of event: subclass it once, set the class attributes (`name`, `workspace_scoped`, `query`),
+    write the methods (`subject`, `params`, `compose`, `idempotency_key`, `lane_key`), and
     `register_nats_event` an instance in every process that enqueues it or runs the executor (docs/nats.md).
-    `event` is always the JSON object of identifiers the action's payload holds."""
+    `event` is always the JSON object of identifiers the action's payload holds. `name` is the body's "type"
+    and the trace's event_type; the event's id derives from `idempotency_key`. What every kind's definition
+    shares (the rows, the action's request, its workspace and account) is EventDefinition's."""
 
-    # the event type: the body's "type" and the trace's event_type; never change it while actions of it wait
-    name: ClassVar[str]
-    # True: the event belongs to a workspace (workspace_id from the event); False: to no workspace
-    workspace_scoped: ClassVar[bool]
+    _kind = NATS_EVENT
+    _name_key = "event_type"
+
     # what `compose` reads, run before every attempt with the parameters `params` returns; None: no rows
     query: ClassVar[TextClause | None] = None
 
@@ -63,29 +65,11 @@ class NatsEvent(ABC):
         """The subject the event is published under, such as `orders.created` (the event's id is appended)."""
 
     @abstractmethod
-    def params(self, event: dict[str, Any]) -> dict[str, Any]:
-        """The query's parameters from the event; raise InvalidRequest for an event that is malformed. Also the
-        kind's check of the event at enqueue, so check here every identifier the other methods read."""
-
-    @abstractmethod
     def compose(self, event: dict[str, Any], rows: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
         """The body's `data` (a JSON object) from the rows the query found now; None: nothing to publish now."""
 
-    @abstractmethod
-    def idempotency_key(self, event: dict[str, Any]) -> str:
-        """The action's idempotency key: one per event (the event's id derives from it)."""
-
-    @abstractmethod
-    def lane_key(self, event: dict[str, Any]) -> str:
-        """The action's lane: the events of one lane are published one at a time, in the order enqueued."""
-
-    def workspace_id(self, event: dict[str, Any]) -> int | None:
-        """The action's workspace: `event["workspace_id"]` when the event is workspace-scoped, else None."""
-        return int(event["workspace_id"]) if self.workspace_scoped else None
-
-    def subject_account_id(self, event: dict[str, Any]) -> int | None:
-        """The account the event is about (erasing it deletes the action); None when it is about no one."""
-        return None
+    def _rows_query(self) -> TextClause | None:
+        return self.query
 
     def prepared(
         self, event: dict[str, Any], rows: Sequence[Mapping[str, Any]], at: datetime | None = None
@@ -101,27 +85,11 @@ class NatsEvent(ABC):
 
     def prepare(self, conn: SyncConnection, event: dict[str, Any]) -> PreparedEvent | None:
         """The message as it would go now, or None when there is nothing to publish."""
-        params = self.params(event)
-        rows = fetch(conn, self.query, params) if self.query is not None else []
-        return self.prepared(event, rows)
+        return self.prepared(event, self.rows(conn, event))
 
     async def prepare_async(self, conn: AsyncConn, event: dict[str, Any]) -> PreparedEvent | None:
         """`prepare` on an async connection (as the adapter runs it before every attempt)."""
-        params = self.params(event)
-        rows = await fetch_async(conn, self.query, params) if self.query is not None else []
-        return self.prepared(event, rows)
-
-    def request(self, event: dict[str, Any], *, max_attempts: int = 5) -> ActionRequest:
-        """The NATS_EVENT action's request for `event`, from the methods above."""
-        return ActionRequest(
-            kind=ActionKind.NATS_EVENT,
-            lane_key=self.lane_key(event),
-            idempotency_key=self.idempotency_key(event),
-            payload={"event_type": self.name, "event": event},
-            workspace_id=self.workspace_id(event),
-            subject_account_id=self.subject_account_id(event),
-            max_attempts=max_attempts,
-        )
+        return self.prepared(event, await self.rows_async(conn, event))
 
 
 _EVENTS: dict[str, NatsEvent] = {}

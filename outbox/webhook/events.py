@@ -14,7 +14,7 @@ no payload chooses where a webhook goes.
 from __future__ import annotations
 
 import re
-from abc import ABC, abstractmethod
+from abc import abstractmethod
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, ClassVar
@@ -23,12 +23,13 @@ from sqlalchemy import TextClause
 
 from outbox.action import Action
 from outbox.errors import InvalidRequest, OutboxError
+from outbox.event_definition import EventDefinition
 from outbox.event_payload import checked_event, parts, split_checked
 from outbox.intake import enqueue, enqueue_async, held_action, held_action_async
-from outbox.kinds import ActionKind
 from outbox.requests import ActionRequest
-from outbox.store.caller import AsyncConn, SyncConnection, fetch, fetch_async
+from outbox.store.caller import AsyncConn, SyncConnection
 from outbox.webhook.endpoints import endpoint_named
+from outbox.webhook.kind import WEBHOOK
 from outbox.webhook.message import InvalidBody, body
 
 # the eight attempts of WEBHOOK's retry schedule (the first and its seven retries)
@@ -42,62 +43,32 @@ class UnknownEvent(OutboxError, LookupError):
         super().__init__(f"no webhook event is registered as {name!r} (registered: {known})")
 
 
-class WebhookEvent(ABC):
-    """One type of webhook: subclass it once, set the class attributes, write the four methods, and
+class WebhookEvent(EventDefinition):
+    """One type of webhook: subclass it once, set the class attributes (`name`, `endpoint`, `workspace_scoped`,
+    `query`), write the four methods (`params`, `compose`, `idempotency_key`, `lane_key`), and
     `register_webhook_event` an instance in every process that enqueues it or runs the executor (docs/webhooks.md).
-    `event` is always the JSON object of identifiers the action's payload holds."""
+    `event` is always the JSON object of identifiers the action's payload holds. `name` is the body's "type"
+    (invoice.paid) and the webhook-id derives from `idempotency_key`. What every kind's definition shares (the
+    rows, the action's request, its workspace and account) is EventDefinition's."""
 
-    # the event type, the body's "type" (invoice.paid); never change it while actions of it may be pending
-    name: ClassVar[str]
+    _kind = WEBHOOK
+    _name_key = "event_type"
+
     # the name of a registered endpoint: where every webhook of this type goes
     endpoint: ClassVar[str]
-    # True: the webhook belongs to a workspace (workspace_id from the event); False: to no workspace
-    workspace_scoped: ClassVar[bool]
     # the rows compose reads, run before every attempt with the parameters `params` returns; None: no rows
     query: ClassVar[TextClause | None] = None
-
-    @abstractmethod
-    def params(self, event: dict[str, Any]) -> dict[str, Any]:
-        """The query's parameters from the event; raise InvalidRequest for an event that is malformed. Also the
-        WEBHOOK kind's check of the event at enqueue, so check here every identifier the other methods read."""
 
     @abstractmethod
     def compose(self, event: dict[str, Any], rows: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
         """The webhook's data as the rows say now; None when nothing should be sent."""
 
-    @abstractmethod
-    def idempotency_key(self, event: dict[str, Any]) -> str:
-        """The action's idempotency key: one per effect (the webhook-id derives from it)."""
-
-    @abstractmethod
-    def lane_key(self, event: dict[str, Any]) -> str:
-        """The action's lane: the webhooks of one lane are sent one at a time, in the order enqueued."""
-
-    def workspace_id(self, event: dict[str, Any]) -> int | None:
-        """The action's workspace: `event["workspace_id"]` when the event is workspace-scoped, else None."""
-        return int(event["workspace_id"]) if self.workspace_scoped else None
-
-    def subject_account_id(self, event: dict[str, Any]) -> int | None:
-        """The account the webhook is about (erasing it deletes the action); None for none."""
-        return None
-
-    def rows(self, conn: SyncConnection, event: dict[str, Any]) -> Sequence[Mapping[str, Any]]:
-        return () if self.query is None else fetch(conn, self.query, self.params(event))
-
-    async def rows_async(self, conn: AsyncConn, event: dict[str, Any]) -> Sequence[Mapping[str, Any]]:
-        return () if self.query is None else await fetch_async(conn, self.query, self.params(event))
+    def _rows_query(self) -> TextClause | None:
+        return self.query
 
     def request(self, event: dict[str, Any], max_attempts: int = MAX_ATTEMPTS) -> ActionRequest:
-        """The WEBHOOK action's request for `event`, from the methods above."""
-        return ActionRequest(
-            kind=ActionKind.WEBHOOK,
-            lane_key=self.lane_key(event),
-            idempotency_key=self.idempotency_key(event),
-            payload={"event_type": self.name, "event": event},
-            workspace_id=self.workspace_id(event),
-            subject_account_id=self.subject_account_id(event),
-            max_attempts=max_attempts,
-        )
+        """The WEBHOOK action's request for `event`: the retry schedule's eight attempts unless told otherwise."""
+        return super().request(event, max_attempts=max_attempts)
 
 
 _EVENTS: dict[str, WebhookEvent] = {}
