@@ -252,9 +252,11 @@ class EmailAdapter:
                     if not smtp.supports_extension("starttls"):
                         return Retry("starttls: the relay offers no STARTTLS and TLS is required")
                     await smtp.starttls()
+                    stage = "ehlo"
+                    await smtp.ehlo()  # again, over TLS: what the relay offers may have changed
                 if settings.username:
                     stage = "login"
-                    await smtp.login(settings.username, settings.password or "")
+                    await _login(smtp, settings.username, settings.password or "")
                 stage = "mail"
                 await smtp.mail(settings.sender)
                 stage = "rcpt"
@@ -291,6 +293,23 @@ class EmailAdapter:
 def email_adapters(engine: AsyncEngine) -> list[ActionAdapter]:
     """The EMAIL adapter configured from OUTBOX_SMTP_*; the application registers its notices first."""
     return [EmailAdapter(engine, SmtpSettings.from_settings(load_settings()))]
+
+
+async def _login(smtp: aiosmtplib.SMTP, username: str, password: str) -> None:
+    """As aiosmtplib's login (each method the relay offers until one succeeds, the last refusal raised), except
+    that a 421 ends it: the relay closed the connection, and the next method would only find it closed."""
+    if not smtp.supports_extension("auth"):
+        raise aiosmtplib.SMTPException("the relay offers no AUTH")
+    refusal: aiosmtplib.SMTPAuthenticationError | None = None
+    for method in smtp.supported_auth_methods:
+        try:
+            await getattr(smtp, f"auth_{method.replace('-', '')}")(username, password)
+            return
+        except aiosmtplib.SMTPAuthenticationError as refused:
+            if refused.code == 421:
+                raise
+            refusal = refused
+    raise refusal or aiosmtplib.SMTPException("the relay offers no AUTH method aiosmtplib knows")
 
 
 async def _recipients(smtp: aiosmtplib.SMTP, recipients: tuple[Recipient, ...]) -> list[tuple[int, str]]:

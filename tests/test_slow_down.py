@@ -1,0 +1,315 @@
+"""A provider's slow-down ends the attempt Defer: every row of the email reply table against a real SMTP server
+(the demo's sink, one injected reply per stage), the table in docs/email.md against the rules in code, the
+backoff of repeated deferrals, and webhooks' 429 and 503 without Retry-After against a real receiver.
+
+A Defer must leave `attempt` as it was (the attempt does not count), count as DEFER in
+action_attempts_total, and send nothing; a reply that is no slow-down keeps its Retry, Failed or Uncertain.
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+import ssl
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from sqlalchemy import Engine, text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from demo.receiver import Receiver
+from demo.sink import Faults, SmtpSink
+from examples.accounts import notices, schema
+from outbox.email import EmailAdapter, SmtpSettings, enqueue_email
+from outbox.email.replies import BEFORE_DATA, REPLY_RULES, SLOW_DOWN_WORDS, ReplyRule, classify_reply, markdown_rows
+from outbox.executor import Defer, Executor, Failed, Retry, Uncertain
+from outbox.executor.backoff import SLOW_DOWN_CAP_SECONDS, slow_down_delay
+from outbox.metrics.exporter import registry_for
+from outbox.webhook import WebhookAdapter, WebhookEvent, enqueue_webhook, register_endpoint, register_webhook_event
+from outbox.webhook import endpoints as endpoint_registry
+from outbox.webhook import events as event_registry
+
+ROOT = Path(__file__).resolve().parent.parent
+ALICE, BOB = "alice@example.com", "bob@example.com"
+CREDENTIALS = ("outbox", "right")
+STATES = {
+    "Defer": ("ADMITTED", None, 0),
+    "Retry": ("ADMITTED", None, 1),
+    "Failed": ("FAILED", "PROVIDER_REFUSED", 1),
+    "Uncertain": ("UNCERTAIN", "PROVIDER_UNCERTAIN", 1),
+}
+
+
+@pytest.fixture
+def app(engine: Engine) -> Engine:
+    """The example application: workspace 10 with two admins, Alice and Bob, and one alert."""
+    with engine.begin() as conn:
+        schema.create(conn)
+        conn.execute(
+            text("""
+            INSERT INTO app_account VALUES (1, 'Alice', 'alice@example.com', true), (2, 'Bob', 'bob@example.com', true);
+            INSERT INTO app_workspace VALUES (10, 'Research');
+            INSERT INTO app_membership VALUES (10, 1, 'admin'), (10, 2, 'admin');
+            INSERT INTO app_alert VALUES (100, 10, 'Disk full', 'The disk is full.');
+        """)
+        )
+    return engine
+
+
+def enqueue(app: Engine) -> int:
+    with app.begin() as conn:
+        return enqueue_email(conn, notices.WORKSPACE_ALERT, {"workspace_id": 10, "alert_id": 100}).id
+
+
+def stored(app: Engine, action_id: int) -> Any:
+    with app.connect() as conn:
+        return conn.execute(
+            text(
+                "SELECT state, stop_reason, attempt, epoch, last_error, write_started_at,"
+                " extract(epoch FROM due_at - now()) AS due_in FROM agent_action WHERE id = :id"
+            ),
+            {"id": action_id},
+        ).one()
+
+
+def attempts_counted(app: Engine, kind: str, result: str) -> float:
+    """action_attempts_total{kind, result, recorded="true"} as the exporter reads it from the tallies."""
+    value = registry_for(app, cache_seconds=0).get_sample_value(
+        "action_attempts_total", {"kind": kind, "result": result, "recorded": "true"}
+    )
+    return value or 0.0
+
+
+def make_due(app: Engine, action_id: int) -> None:
+    with app.begin() as conn:
+        conn.execute(text("UPDATE agent_action SET due_at = now() WHERE id = :id"), {"id": action_id})
+
+
+async def attempt_once(aengine: AsyncEngine, smtp: SmtpSettings) -> None:
+    await Executor(aengine, [EmailAdapter(aengine, smtp)], listen=False).run(until_idle=True)
+
+
+def relay_for(stage: str, reply: str) -> tuple[SmtpSink, dict[str, Any]]:
+    """A sink that answers `reply` at `stage`, and the settings that reach that stage."""
+    changes: dict[str, Any] = {}
+    options: dict[str, Any] = {}
+    faults = Faults()
+    if stage == "rcpt":
+        faults.rcpt = {ALICE: reply, BOB: reply}
+    else:
+        setattr(faults, stage, reply)
+    if stage == "starttls":  # offered by a sink with a TLS context; the refusal comes before any handshake
+        options["tls_context"] = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        changes["tls"] = "starttls"
+    if stage == "login":
+        options["credentials"] = CREDENTIALS
+        changes.update(username=CREDENTIALS[0], password=CREDENTIALS[1])
+    return SmtpSink(faults=faults, **options).start(), changes
+
+
+EXAMPLES = [(rule, stage, reply) for rule in REPLY_RULES for stage, reply in rule.examples]
+
+
+@pytest.mark.parametrize(
+    ("rule", "stage", "reply"), EXAMPLES, ids=[f"{stage} {reply[:40]}" for _, stage, reply in EXAMPLES]
+)
+async def test_each_reply_of_the_table_at_its_stage(
+    app: Engine, aengine: AsyncEngine, rule: ReplyRule, stage: str, reply: str
+) -> None:
+    relay, changes = relay_for(stage, reply)
+    try:
+        action_id = enqueue(app)
+        smtp = SmtpSettings(
+            host="127.0.0.1", port=relay.port, sender="outbox@example.com", timeout_seconds=2, **changes
+        )
+        await attempt_once(aengine, smtp)
+    finally:
+        relay.stop()
+    found = stored(app, action_id)
+    code = reply[:3]
+    assert (found.state, found.stop_reason, found.attempt) == STATES[rule.verdict], found.last_error
+    assert found.epoch == 1 and relay.received == []
+    assert found.last_error.startswith(f"{stage}: {code}; "), found.last_error
+    assert attempts_counted(app, "EMAIL", rule.verdict.upper()) == 1
+    if rule.verdict == "Defer":
+        assert found.last_error == f"{stage}: {code}; {rule.why}"
+        assert found.write_started_at is None  # the fence is put back: nothing was written
+        assert 0 < found.due_in <= 1  # the first slow-down waits 0.5 .. 1 s
+
+
+def test_the_docs_table_is_the_rules_in_code() -> None:
+    page = (ROOT / "docs" / "email.md").read_text()
+    marker = page.index("<!-- reply rules:")
+    lines = page[marker:].splitlines()[1:]
+    table = []
+    for line in lines[2:]:  # after the header and its rule
+        if not line.startswith("|"):
+            break
+        table.append(line)
+    assert lines[0] == "| stage | reply | result | why |"
+    assert table == markdown_rows()
+
+
+async def test_a_slow_down_to_one_recipient_defers_the_whole_email(
+    app: Engine, aengine: AsyncEngine, sink: SmtpSink
+) -> None:
+    sink.faults = Faults(rcpt={BOB: "451 4.7.1 Greylisted, please come back later"})
+    action_id = enqueue(app)
+    await attempt_once(aengine, SmtpSettings(host="127.0.0.1", port=sink.port, sender="outbox@example.com"))
+    found = stored(app, action_id)
+    assert (found.state, found.attempt) == ("ADMITTED", 0) and sink.received == []
+    assert found.last_error == "rcpt: 451; the relay asks to slow down; nothing was sent"
+
+
+async def test_deferrals_never_spend_attempts_and_wait_longer_each_time(
+    app: Engine, aengine: AsyncEngine, sink: SmtpSink
+) -> None:
+    """Five slow-downs in a row: attempt stays 0, epoch counts the claims, each wait is within its doubling
+    bound, and DEFER counts five; then the relay accepts and the email is DONE at its first attempt."""
+    smtp = SmtpSettings(host="127.0.0.1", port=sink.port, sender="outbox@example.com")
+    sink.faults = Faults(mail="450 4.7.1 Error: too much mail from 127.0.0.1")
+    action_id = enqueue(app)
+    for deferral in range(5):
+        await attempt_once(aengine, smtp)
+        found = stored(app, action_id)
+        assert (found.state, found.attempt, found.epoch) == ("ADMITTED", 0, deferral + 1)
+        ceiling = 2.0**deferral  # 1 s, 2 s, 4 s, ... (the wait is drawn from [ceiling / 2, ceiling])
+        assert ceiling / 2 - 0.5 < found.due_in <= ceiling
+        make_due(app, action_id)
+    assert attempts_counted(app, "EMAIL", "DEFER") == 5
+    sink.faults = Faults()
+    await attempt_once(aengine, smtp)
+    found = stored(app, action_id)
+    assert (found.state, found.attempt, found.epoch, found.last_error) == ("DONE", 1, 6, None)
+    assert len(sink.received) == 1 and attempts_counted(app, "EMAIL", "RETRY") == 0
+
+
+def test_the_slow_down_wait_doubles_and_is_capped() -> None:
+    for uncounted in range(40):
+        ceiling = min(SLOW_DOWN_CAP_SECONDS, 2.0**uncounted)
+        waits = [slow_down_delay(uncounted) for _ in range(50)]
+        assert all(ceiling / 2 <= wait <= ceiling for wait in waits)
+    assert slow_down_delay(10**9) <= SLOW_DOWN_CAP_SECONDS == 300
+
+
+# -- the rules over any reply text
+
+texts = st.text(st.characters(codec="ascii", exclude_categories=("Cc",)), max_size=80)
+
+
+@given(code=st.integers(400, 499), reply=texts, uncounted=st.integers(0, 50))
+def test_a_4xx_after_data_is_always_a_retry(code: int, reply: str, uncounted: int) -> None:
+    assert isinstance(classify_reply("data", code, reply, uncounted), Retry)
+
+
+@given(code=st.integers(500, 599), stage=st.sampled_from([*BEFORE_DATA, "data"]), reply=texts)
+def test_a_5xx_is_never_a_slow_down(code: int, stage: str, reply: str) -> None:
+    assert not isinstance(classify_reply(stage, code, reply, 0), Defer)
+
+
+@given(stage=st.sampled_from(BEFORE_DATA), reply=texts, uncounted=st.integers(0, 50))
+def test_a_421_before_data_is_always_a_defer_within_the_cap(stage: str, reply: str, uncounted: int) -> None:
+    result = classify_reply(stage, 421, reply, uncounted)
+    assert isinstance(result, Defer) and 0 < result.after <= SLOW_DOWN_CAP_SECONDS
+
+
+WORDS = ["rate", "too many", "Throttled", "try again later", "TOO MUCH MAIL", "greylisted"]
+
+
+@given(
+    code=st.integers(400, 499),
+    stage=st.sampled_from(BEFORE_DATA),
+    before=texts,
+    word=st.sampled_from(WORDS),
+    after=texts,
+)
+def test_a_4xx_before_data_that_names_a_rate_is_a_defer(
+    code: int, stage: str, before: str, word: str, after: str
+) -> None:
+    reply = f"4.2.0 {before} {word} {after}"
+    if stage == "rcpt" and "too many recipients" in reply.lower():
+        return  # a limit of the message (its own rule)
+    assert isinstance(classify_reply(stage, code, reply, 0), Defer)
+
+
+@given(code=st.integers(400, 499).filter(lambda c: c != 421), stage=st.sampled_from(BEFORE_DATA), reply=texts)
+def test_a_4xx_before_data_without_a_slow_down_sign_is_a_retry(code: int, stage: str, reply: str) -> None:
+    text_ = f"4.3.0 {reply}"
+    if SLOW_DOWN_WORDS.search(text_):
+        return
+    assert isinstance(classify_reply(stage, code, text_, 0), Retry)
+
+
+def test_every_verdict_of_the_rules_is_a_result() -> None:
+    made = {type(rule.result(stage, int(reply[:3]), 0)) for rule in REPLY_RULES for stage, reply in rule.examples}
+    assert made == {Defer, Retry, Failed, Uncertain}
+    assert all(re.fullmatch(r"[0-9x]{3}", rule.code) for rule in REPLY_RULES)
+
+
+# -- webhooks: 429 and 503 without Retry-After
+
+SECRET = "whsec_" + base64.b64encode(b"s" * 32).decode()
+
+
+class Pinged(WebhookEvent):
+    name = "test.pinged"
+    endpoint = "slowdown"
+    workspace_scoped = False
+
+    def params(self, event: dict[str, Any]) -> dict[str, Any]:
+        return {}
+
+    def compose(self, event: dict[str, Any], rows: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
+        return {"n": event["n"]}
+
+    def idempotency_key(self, event: dict[str, Any]) -> str:
+        return f"pinged:{event['n']}"
+
+    def lane_key(self, event: dict[str, Any]) -> str:
+        return f"pinged:{event['n']}"
+
+
+@pytest.fixture
+def receiver(monkeypatch: pytest.MonkeyPatch) -> Iterator[Receiver]:
+    """A receiver registered as the `slowdown` endpoint, in registries of this test's own."""
+    monkeypatch.setattr(endpoint_registry, "_ENDPOINTS", {})
+    monkeypatch.setattr(endpoint_registry, "_SOURCES", [])
+    monkeypatch.setattr(event_registry, "_EVENTS", {})
+    started = Receiver(SECRET).start()
+    register_endpoint("slowdown", started.url, secret=SECRET)
+    register_webhook_event(PINGED)
+    yield started
+    started.stop()
+
+
+PINGED = Pinged()
+
+
+async def test_a_webhook_answered_429_and_503_without_retry_after_is_deferred_until_taken(
+    app: Engine, aengine: AsyncEngine, receiver: Receiver
+) -> None:
+    receiver.script.extend(["429", "503", "429", "ok"])
+    with app.begin() as conn:
+        action_id = enqueue_webhook(conn, PINGED, {"n": 1}).id
+    adapter = WebhookAdapter(aengine)
+    waits: list[float] = []
+    try:
+        for _ in range(3):
+            await Executor(aengine, [adapter], listen=False).run(until_idle=True)
+            found = stored(app, action_id)
+            assert (found.state, found.attempt) == ("ADMITTED", 0), found.last_error
+            assert re.fullmatch(r"(429|503): the receiver asks to slow down; it took nothing", found.last_error)
+            waits.append(found.due_in)
+            make_due(app, action_id)
+        await Executor(aengine, [adapter], listen=False).run(until_idle=True)
+    finally:
+        await adapter.aclose()
+    found = stored(app, action_id)
+    assert (found.state, found.attempt, found.epoch) == ("DONE", 1, 4)
+    assert waits[0] <= 1 and 0.5 < waits[1] <= 2 and 1.5 < waits[2] <= 4  # the doubling's bounds
+    assert attempts_counted(app, "WEBHOOK", "DEFER") == 3 and attempts_counted(app, "WEBHOOK", "RETRY") == 0
+    assert len(receiver.seen) == 4 and len(receiver.effects) == 1
