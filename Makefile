@@ -24,12 +24,14 @@ check: venv
 
 # Debian packages the tests use: prometheus (promtool and a real scrape), chromium (the Prefect UI),
 # pgbouncer (the executor, the enqueue and the commands behind a pooler), nats-server (JetStream, the
-# NATS_EVENT kind's provider)
+# NATS_EVENT kind's provider), postfix (a real relay with its rate limits; installed with "No configuration",
+# so it neither configures nor starts a system mail server: the tests start their own)
 system-packages:
 	@if ! command -v promtool >/dev/null || ! command -v prometheus >/dev/null || ! command -v chromium >/dev/null \
-		|| ! test -x /usr/sbin/pgbouncer || ! test -x /usr/sbin/nats-server; then \
+		|| ! test -x /usr/sbin/pgbouncer || ! test -x /usr/sbin/nats-server || ! test -x /usr/sbin/postfix; then \
+		echo "postfix postfix/main_mailer_type select No configuration" | debconf-set-selections && \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-			prometheus chromium pgbouncer nats-server >/dev/null; \
+			prometheus chromium pgbouncer nats-server postfix >/dev/null; \
 	fi
 
 test: system-packages check
