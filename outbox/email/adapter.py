@@ -20,7 +20,7 @@ docs/email.md): before DATA, a 421 or a 4xx that means a rate, a throttle or gre
 so the attempt ends Defer (nothing was sent, it does not count) and waits a backoff that grows with the
 action's earlier uncounted claims (`attempt.uncounted_claims()`, `outbox.executor.backoff.slow_down_delay`:
 SMTP names no time); any other 4xx is Retry, a 5xx at MAIL FROM or to every RCPT TO is Failed; from DATA
-on, a 4xx is Retry, a 5xx Failed, anything else Uncertain. What is not a reply:
+on, a 4xx is Retry, a 5xx Failed, anything else Uncertain. What the rules alone do not decide:
 
 | stage                        | what happened                                 | result                         |
 | connect, EHLO, TLS, login    | refused, dropped, timed out                   | Retry                          |
