@@ -27,7 +27,7 @@ from examples.accounts import notices, schema
 from outbox.email import EmailAdapter, SmtpSettings, enqueue_email
 from outbox.email.replies import BEFORE_DATA, REPLY_RULES, SLOW_DOWN_WORDS, ReplyRule, classify_reply, markdown_rows
 from outbox.executor import Defer, Executor, Failed, Retry, Uncertain
-from outbox.executor.backoff import SLOW_DOWN_CAP_SECONDS, slow_down_delay
+from outbox.executor.backoff import SLOW_DOWN_CAP_SECONDS, SLOW_DOWN_DEFERRALS, slow_down_delay
 from outbox.metrics.exporter import registry_for
 from outbox.webhook import WebhookAdapter, WebhookEvent, enqueue_webhook, register_endpoint, register_webhook_event
 from outbox.webhook import endpoints as endpoint_registry
@@ -69,7 +69,7 @@ def stored(app: Engine, action_id: int) -> Any:
     with app.connect() as conn:
         return conn.execute(
             text(
-                "SELECT state, stop_reason, attempt, epoch, last_error, write_started_at,"
+                "SELECT state, stop_reason, attempt, max_attempts, epoch, last_error, write_started_at,"
                 " extract(epoch FROM due_at - now()) AS due_in FROM agent_action WHERE id = :id"
             ),
             {"id": action_id},
@@ -211,10 +211,39 @@ def test_a_5xx_is_never_a_slow_down(code: int, stage: str, reply: str) -> None:
     assert not isinstance(classify_reply(stage, code, reply, 0), Defer)
 
 
-@given(stage=st.sampled_from(BEFORE_DATA), reply=texts, uncounted=st.integers(0, 50))
+@given(stage=st.sampled_from(BEFORE_DATA), reply=texts, uncounted=st.integers(0, SLOW_DOWN_DEFERRALS - 1))
 def test_a_421_before_data_is_always_a_defer_within_the_cap(stage: str, reply: str, uncounted: int) -> None:
     result = classify_reply(stage, 421, reply, uncounted)
     assert isinstance(result, Defer) and 0 < result.after <= SLOW_DOWN_CAP_SECONDS
+
+
+@given(stage=st.sampled_from(BEFORE_DATA), reply=texts, uncounted=st.integers(SLOW_DOWN_DEFERRALS, 10**6))
+def test_a_slow_down_past_the_deferrals_an_action_may_have_counts_as_an_attempt(
+    stage: str, reply: str, uncounted: int
+) -> None:
+    assert isinstance(classify_reply(stage, 421, reply, uncounted), Retry)
+
+
+async def test_a_relay_that_says_slow_down_for_ever_still_lets_the_email_end(
+    app: Engine, aengine: AsyncEngine, sink: SmtpSink
+) -> None:
+    """A policy refusal sent as a 4.7.x (Postfix's `reject_unknown_client_hostname` answers 450 4.7.1): the
+    email is deferred SLOW_DOWN_DEFERRALS times, then each refusal is an attempt, and it ends FAILED."""
+    smtp = SmtpSettings(host="127.0.0.1", port=sink.port, sender="outbox@example.com")
+    sink.faults = Faults(mail="450 4.7.1 Client host rejected: cannot find your hostname")
+    action_id = enqueue(app)
+    for _ in range(SLOW_DOWN_DEFERRALS):
+        await attempt_once(aengine, smtp)
+        make_due(app, action_id)
+    assert stored(app, action_id).attempt == 0
+    for _ in range(10):  # the email's attempts, each counted now, then its end
+        await attempt_once(aengine, smtp)
+        if (found := stored(app, action_id)).state != "ADMITTED":
+            break
+        make_due(app, action_id)
+    assert (found.state, found.stop_reason, found.attempt) == ("FAILED", "ATTEMPTS_EXHAUSTED", found.max_attempts)
+    assert attempts_counted(app, "EMAIL", "DEFER") == SLOW_DOWN_DEFERRALS
+    assert attempts_counted(app, "EMAIL", "RETRY") == found.max_attempts
 
 
 WORDS = ["rate", "too many", "Throttled", "try again later", "TOO MUCH MAIL", "greylisted"]

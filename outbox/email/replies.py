@@ -19,8 +19,8 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
-from outbox.executor import Defer, Failed, Result, Retry, Uncertain
-from outbox.executor.backoff import slow_down_delay
+from outbox.executor import Failed, Result, Retry, Uncertain
+from outbox.executor.backoff import slow_down
 
 Verdict = Literal["Defer", "Retry", "Failed", "Uncertain"]
 
@@ -71,7 +71,7 @@ class ReplyRule:
         reason = f"{stage}: {code}; {self.why}"
         match self.verdict:
             case "Defer":
-                return Defer(slow_down_delay(uncounted), reason)
+                return slow_down(uncounted, reason)
             case "Retry":
                 return Retry(reason)
             case "Failed":

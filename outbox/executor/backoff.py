@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import random
 
+from outbox.executor.results import Defer, Retry
+
 BASE_SECONDS = 5.0
 CAP_SECONDS = 3600.0
 
@@ -33,6 +35,9 @@ OWN_FAULT_CAP_SECONDS = 60.0
 
 SLOW_DOWN_BASE_SECONDS = 1.0
 SLOW_DOWN_CAP_SECONDS = 300.0
+# the deferrals an action may have before a slow-down counts as an attempt: waits of 1 s doubling to the cap
+# add up to about half an hour to an hour
+SLOW_DOWN_DEFERRALS = 20
 
 
 # a scheduled wait is drawn from [d, d * (1 + SCHEDULE_JITTER)]
@@ -52,6 +57,16 @@ def retry_delay(attempt: int, schedule: tuple[float, ...] | None = None, rng: ra
 def own_fault_delay(uncounted: int, rng: random.Random | None = None) -> float:
     """The wait after an own fault, when `uncounted` earlier claims of the action did not count."""
     return _doubling(OWN_FAULT_BASE_SECONDS, OWN_FAULT_CAP_SECONDS, uncounted, rng)
+
+
+def slow_down(uncounted: int, reason: str, after: float | None = None) -> Defer | Retry:
+    """A provider's slow-down: a Defer after `after` (the provider's own time), or else the slow-down backoff,
+    while the action has had fewer than SLOW_DOWN_DEFERRALS uncounted claims. Past them a slow-down counts
+    as an attempt (a Retry): a provider that answers "slow down" for ever, such as a policy refusal sent as a
+    4xx or a receiver that always answers 429, still lets the action end."""
+    if uncounted >= SLOW_DOWN_DEFERRALS:
+        return Retry(f"{reason} (after {uncounted} deferrals, counted as an attempt)")
+    return Defer(slow_down_delay(uncounted) if after is None else after, reason)
 
 
 def slow_down_delay(uncounted: int, rng: random.Random | None = None) -> float:

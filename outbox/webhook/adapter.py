@@ -57,9 +57,9 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from outbox import tracing
 from outbox.errors import InvalidRequest
-from outbox.executor import ActionAdapter, ActionAttempt, Cancelled, Defer, Done, Failed, Result, Retry, Uncertain
+from outbox.executor import ActionAdapter, ActionAttempt, Cancelled, Done, Failed, Result, Retry, Uncertain
 from outbox.executor.attempt import WriteWindow
-from outbox.executor.backoff import slow_down_delay
+from outbox.executor.backoff import slow_down
 from outbox.extras import needs
 from outbox.kinds import ActionKind
 from outbox.webhook.endpoints import WebhookEndpoint, endpoint_secrets, registered_endpoints
@@ -210,8 +210,8 @@ def classify(status: int, retry_after: str | None, answer: bytes, msg_id: str, u
     if status in (429, 503):
         after = retry_after_seconds(retry_after, datetime.now(UTC))
         if after is not None:
-            return Defer(after, f"{status}: the receiver asked to wait {after:g} s")
-        return Defer(slow_down_delay(uncounted), f"{status}: the receiver asks to slow down; it took nothing")
+            return slow_down(uncounted, f"{status}: the receiver asked to wait {after:g} s", after)
+        return slow_down(uncounted, f"{status}: the receiver asks to slow down; it took nothing")
     if 300 <= status < 400:
         return Retry(f"{status}: a redirect, not followed")
     return Retry(f"{status}: the receiver did not take the webhook")
