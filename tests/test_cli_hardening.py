@@ -505,10 +505,21 @@ def _head() -> str:
 
 @pytest.mark.parametrize("name", ["lanes", "show", "list", "erase-account"])
 def test_a_schema_that_does_not_match_this_release_is_one_line_and_exit_1(engine: Engine, name: str) -> None:
-    with engine.begin() as conn:  # what a schema behind the release, or altered by hand, looks like
+    with engine.begin() as conn:
+        # the account's action, so that its erasure passes its lane on (which names the column)
+        conn.execute(
+            text(
+                "INSERT INTO agent_action (kind, workspace_id, lane_key, idempotency_key, payload,"
+                " subject_account_id, max_attempts, state)"
+                " VALUES ('EMAIL', NULL, 'account:1', 'email:mismatch:1', '{}', 1, 3, 'ADMITTED')"
+            )
+        )
+        # what a schema behind the release, or altered by hand, looks like
         conn.execute(text("ALTER TABLE agent_action RENAME COLUMN lane_key TO lane"))
     ran = outbox(*COMMANDS[name], url=engine.url.render_as_string(hide_password=False))
-    failed(ran, 1, 'the database\'s outbox schema does not match this release (column "lane_key" does not exist)')
+    # the erasure's statement names no lane column: the trigger that passes the erased holder's lane on does
+    missing = 'record "old" has no field "lane_key"' if name == "erase-account" else 'column "lane_key" does not exist'
+    failed(ran, 1, f"the database's outbox schema does not match this release ({missing})")
 
 
 @pytest.mark.parametrize("name", DATABASE_COMMANDS)
