@@ -24,7 +24,7 @@ import asyncio
 import os
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import psycopg
 
@@ -251,33 +251,29 @@ def loop(url: str, variant: str, seconds: float | None, statements: tuple[str, s
         return done, start, end, backend_cpu_seconds(backend) - cpu0
 
 
-def schema(url: str, claim: TextClause | None = None, commit: TextClause | None = None) -> Result:
-    """outbox's claim and group commit (`ExecutorStore.commit`), fences then results, on its own schema; `claim`
-    and `commit` replace outbox's claim and COMMIT_WRITES (`bench.sql_cost` runs its variants this way)."""
-    return asyncio.run(_schema(url, claim, commit))
+def schema(url: str, commit: TextClause | None = None) -> Result:
+    """outbox's claim (`ExecutorStore.claim`) and group commit (`ExecutorStore.commit`), fences then results, on
+    its own schema; `commit` replaces COMMIT_WRITES (`bench.sql_cost` runs its variants this way)."""
+    return asyncio.run(_schema(url, commit))
 
 
-async def _schema(url: str, claim: TextClause | None, commit: TextClause | None) -> Result:
+async def _schema(url: str, commit: TextClause | None) -> Result:
     import bench.kinds  # noqa: F401  (registers the kinds the claimed rows name)
     from outbox.executor import store as executor_store
     from outbox.executor.claimed import AttemptReport, FinishWrite
-    from outbox.executor.store import ExecutorStore, Write, claimed_action
-    from outbox.store.executor import CLAIM_READY_HEADS
+    from outbox.executor.store import ExecutorStore, Write
 
-    claim_sql = claim if claim is not None else CLAIM_READY_HEADS
     if commit is not None:  # the variant's group commit, run by ExecutorStore.commit as outbox's own is
-        executor_store.COMMIT_WRITES = commit
+        setattr(executor_store, "COMMIT_WRITES", commit)  # noqa: B010 (a name the module imported, replaced)
     store = ExecutorStore(url)  # the libpq URL the loops take
     conn = await store._connection()
     backend = conn.info.backend_pid
     cpu0 = backend_cpu_seconds(backend)
-    claim_params: dict[str, Any] = {"limit": BATCH, "lease_seconds": 300, "kinds": ["TEST_NOOP"]}
     report = AttemptReport("DONE", 0.001, 0.01)
     finish = FinishWrite("DONE", "CONFIRMED", readback_ref="noop")
     done = 0
     start = time.monotonic_ns()
-    while rows := await store._rows(claim_sql, claim_params):
-        claimed = [claimed_action(row, fresh=True) for row in rows]
+    while claimed := await store.claim(BATCH, 300, ["TEST_NOOP"]):
         for writes in ([Write(a) for a in claimed], [Write(a, report, finish) for a in claimed]):
             await store.commit(writes, 60.0)
         done += len(claimed)

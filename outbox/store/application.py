@@ -39,19 +39,18 @@ ACTION_COLUMNS = (
 DATABASE_NOW = text("SELECT clock_timestamp() AS now")
 _NO_ACTION = ", ".join("NULL" for _ in ACTION_COLUMNS.split(","))
 
-# Many actions in one statement, in the order given (a lane runs in id order). It inserts nothing when a
-# kind of the batch has no row in agent_action_kind or a
-# row that declares it otherwise than the code does (`:kinds`: each kind of the batch as the code declares
-# it), nor when an expires_at has passed on the database clock; it returns why instead, as `refusal` rows
-# (each such kind with its row, and the first such expiry). So neither the foreign key nor the guard refuses
-# it, and the caller's transaction stays usable. A repeated idempotency key inserts nothing: the statement
-# also returns the rows that held the key before it began (`created` false); a racing duplicate waits for the
-# first to commit, and its row is read by `SELECT_ACTIONS_BY_KEY` (a new snapshot). ON CONFLICT names no
-# index: an action that marked itself its idle lane's holder while another enqueue, not committed yet, did
-# the same for that lane waits for it too and inserts nothing (ux_agent_action_lane_head); `outbox.intake`
-# enqueues it again, behind that one. The refusals share one column, since every column of the result costs
-# the caller's driver time on every enqueue. `:trace_context`: the enqueuing code's W3C trace context
-# (outbox.tracing), one for the whole batch, or null.
+# Many actions in one statement, in the order given (a lane runs in id order). It inserts nothing when a kind
+# of the batch has no row in agent_action_kind or a row that declares it otherwise than the code does
+# (`:kinds`: each kind of the batch as the code declares it), nor when an expires_at has passed on the
+# database clock; it returns why instead, as `refusal` rows (each such kind with its row, and the first such
+# expiry). So neither the foreign key nor the guard refuses it, and the caller's transaction stays usable. A
+# repeated idempotency key inserts nothing: the statement also returns the rows that held the key before it
+# began (`created` false); a racing duplicate waits for the first to commit, and its row is read by
+# `SELECT_ACTIONS_BY_KEY` (a new snapshot). ON CONFLICT names no index: an action that marked itself its idle
+# lane's holder while another enqueue, not committed yet, did the same for that lane waits for it too and
+# inserts nothing (ux_agent_action_lane_head); `outbox.intake` enqueues it again, behind that one. The
+# refusals share one column, since every column of the result costs the caller's driver time on every enqueue.
+# `:trace_context`: the enqueuing code's W3C trace context (outbox.tracing), one for the whole batch, or null.
 INSERT_ACTIONS = text(f"""
 WITH input AS MATERIALIZED (
     SELECT r->>0 AS kind, (r->>1)::bigint AS workspace_id, r->>2 AS lane_key, r->>3 AS idempotency_key,

@@ -29,12 +29,16 @@ SELECT state, kind, count(*) FROM agent_action WHERE state = 'EXECUTING' GROUP B
  ORDER BY state, kind
 """)
 
-# The lanes from their holders (ux_agent_action_lane_head: one row per lane with an unended action, so it is
-# small): a backlog is an action not started, the holder itself or one behind an executing holder.
-COUNT_LANES = text("""
-SELECT count(*) FILTER (WHERE h.state <> 'EXECUTING' OR EXISTS (
+# Whether the lane of holder `h` has a backlog: an action not started, the holder itself or one behind it
+# while it executes (one probe of ix_agent_action_lane_pending, for executing holders only).
+_HOLDER_HAS_BACKLOG = """(h.state <> 'EXECUTING' OR EXISTS (
            SELECT 1 FROM agent_action AS p WHERE p.lane_key = h.lane_key AND p.state IN ('PROPOSED', 'ADMITTED')
-       )) AS with_backlog,
+       ))"""
+
+# The lanes from their holders (ux_agent_action_lane_head: one row per lane with an unended action, so it is
+# small).
+COUNT_LANES = text(f"""
+SELECT count(*) FILTER (WHERE {_HOLDER_HAS_BACKLOG}) AS with_backlog,
        count(*) FILTER (WHERE h.state = 'ADMITTED' AND h.due_at <= now()) AS ready,
        count(*) FILTER (WHERE h.state = 'EXECUTING') AS executing
   FROM agent_action AS h WHERE h.lane_head
@@ -79,9 +83,7 @@ WITH deepest AS MATERIALIZED (
 OLDEST_LANES = text(f"""
 WITH holders AS MATERIALIZED (
     SELECT h.lane_key, h.id FROM agent_action AS h
-     WHERE h.lane_head AND (h.state <> 'EXECUTING' OR EXISTS (
-               SELECT 1 FROM agent_action AS p WHERE p.lane_key = h.lane_key AND p.state IN ('PROPOSED', 'ADMITTED')
-           ))
+     WHERE h.lane_head AND {_HOLDER_HAS_BACKLOG}
 ), oldest AS MATERIALIZED (
     SELECT o.lane_key, o.id AS holder_id, d.depth
       FROM (SELECT lane_key, id FROM holders ORDER BY id LIMIT :top) AS o
