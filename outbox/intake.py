@@ -216,32 +216,33 @@ def _lanes_kept_busy(pending: list[ValidRequest]) -> RuntimeError:
 
 def _inserted(conn: SyncConnection, valid: list[ValidRequest], *, many: bool) -> dict[str, Action]:
     """Every request's action by key: inserted now, or held before. One round trip, unless a key was taken by
-    a racing duplicate (read it) or an enqueue into the same idle lane got there first (enqueue again)."""
-    pending, by_key = valid, dict[str, Action]()
+    a racing duplicate (read it) or an enqueue into the same idle lane got there first (the whole batch again:
+    what is in now returns as held, and a refusal still names the request by its place in the batch)."""
+    by_key: dict[str, Action] = {}
     for _ in range(_PASSES):
-        found, missing = _found(pending, run(conn, _insert(pending)), many=many)
-        by_key |= found
+        found, missing = _found(valid, run(conn, _insert(valid)), many=many)
+        by_key = found | by_key  # an action an earlier pass inserted stays as that pass found it (created)
         if missing:
             raced = run(conn, store.actions_by_key(missing))
             by_key |= raced
-        pending = [v for v in pending if v.idempotency_key not in by_key]
-        if not pending:
-            return by_key
+        if pending := [v for v in valid if v.idempotency_key not in by_key]:
+            continue
+        return by_key
     raise _lanes_kept_busy(pending)
 
 
 async def _inserted_async(conn: AsyncConn, valid: list[ValidRequest], *, many: bool) -> dict[str, Action]:
     """`_inserted` on an async connection."""
-    pending, by_key = valid, dict[str, Action]()
+    by_key: dict[str, Action] = {}
     for _ in range(_PASSES):
-        found, missing = _found(pending, await run_async(conn, _insert(pending)), many=many)
-        by_key |= found
+        found, missing = _found(valid, await run_async(conn, _insert(valid)), many=many)
+        by_key = found | by_key
         if missing:
             raced = await run_async(conn, store.actions_by_key(missing))
             by_key |= raced
-        pending = [v for v in pending if v.idempotency_key not in by_key]
-        if not pending:
-            return by_key
+        if pending := [v for v in valid if v.idempotency_key not in by_key]:
+            continue
+        return by_key
     raise _lanes_kept_busy(pending)
 
 
