@@ -87,6 +87,9 @@ def test_the_demo_prints_its_database_and_figures_that_add_up_against_it(tmp_pat
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        # Ctrl-C as in a terminal, even when the tests run in a background job, whose shell ignores SIGINT
+        # for every process it starts (Python then keeps ignoring it)
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     assert demo.stdout is not None
     lines = Lines(demo.stdout)
