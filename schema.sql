@@ -1,4 +1,4 @@
--- outbox's schema at revision 0016, as PostgreSQL 18 dumps it. Generated from the migrations
+-- outbox's schema at revision 0017, as PostgreSQL 18 dumps it. Generated from the migrations
 -- by `python -m tests.schema_dump`; do not edit: the revisions in migrations/versions/ are the source.
 
 --
@@ -59,6 +59,18 @@ BEGIN
     RETURN NULL;
 END
 $$;
+
+--
+-- Name: default_agent_action_destination(); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.default_agent_action_destination() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    NEW.destination := CASE NEW.kind WHEN 'EMAIL' THEN 'smtp' WHEN 'NATS_EVENT' THEN 'nats' ELSE lower(NEW.kind) END;
+    RETURN NEW;
+END $$;
 
 --
 -- Name: guard_agent_action(); Type: FUNCTION; Schema: public; Owner: -
@@ -280,6 +292,7 @@ CREATE TABLE public.agent_action (
     trace jsonb,
     lane_head boolean DEFAULT false NOT NULL,
     trace_context jsonb,
+    destination text,
     CONSTRAINT ck_agent_action_attempt CHECK (((attempt >= 0) AND (attempt <= max_attempts))),
     CONSTRAINT ck_agent_action_ended_at CHECK (((ended_at IS NULL) = (stop_reason IS NULL))),
     CONSTRAINT ck_agent_action_idempotency_key CHECK ((idempotency_key <> ''::text)),
@@ -407,6 +420,34 @@ ALTER TABLE public.agent_action_latency_tally ALTER COLUMN id ADD GENERATED ALWA
 );
 
 --
+-- Name: agent_destination; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.agent_destination (
+    name text NOT NULL,
+    kind text NOT NULL,
+    rate double precision,
+    burst double precision DEFAULT 1 NOT NULL,
+    pace double precision,
+    pace_at timestamp with time zone,
+    tokens double precision DEFAULT 1 NOT NULL,
+    tokens_at timestamp with time zone DEFAULT now() NOT NULL,
+    paused_until timestamp with time zone,
+    paused_by text,
+    pause_reason text,
+    slow_downs integer DEFAULT 0 NOT NULL,
+    broken_since timestamp with time zone,
+    probe_at timestamp with time zone,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT ck_agent_destination_burst CHECK (((burst >= (1)::double precision) AND (burst <= (1000000)::double precision))),
+    CONSTRAINT ck_agent_destination_name CHECK ((name ~ '^[a-z0-9][a-z0-9_.:-]{0,79}$'::text)),
+    CONSTRAINT ck_agent_destination_pace CHECK ((pace > (0)::double precision)),
+    CONSTRAINT ck_agent_destination_pause_reason CHECK ((char_length(pause_reason) <= 500)),
+    CONSTRAINT ck_agent_destination_paused_by CHECK ((paused_by = ANY (ARRAY['provider'::text, 'operator'::text]))),
+    CONSTRAINT ck_agent_destination_rate CHECK (((rate > (0)::double precision) AND (rate <= (1000000)::double precision)))
+);
+
+--
 -- Name: agent_executor; Type: TABLE; Schema: public; Owner: -
 --
 
@@ -470,6 +511,13 @@ ALTER TABLE ONLY public.agent_action
     ADD CONSTRAINT agent_action_pkey PRIMARY KEY (id);
 
 --
+-- Name: agent_destination agent_destination_pkey; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.agent_destination
+    ADD CONSTRAINT agent_destination_pkey PRIMARY KEY (name);
+
+--
 -- Name: agent_executor agent_executor_pkey; Type: CONSTRAINT; Schema: public; Owner: -
 --
 
@@ -482,6 +530,13 @@ ALTER TABLE ONLY public.agent_executor
 
 ALTER TABLE ONLY public.agent_maintenance
     ADD CONSTRAINT agent_maintenance_pkey PRIMARY KEY (job);
+
+--
+-- Name: agent_action ck_agent_action_destination; Type: CHECK CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE public.agent_action
+    ADD CONSTRAINT ck_agent_action_destination CHECK (((destination ~ '^[a-z0-9][a-z0-9_.:-]{0,79}$'::text) OR ((destination IS NULL) AND (ended_at IS NOT NULL)))) NOT VALID;
 
 --
 -- Name: agent_action ck_agent_action_trace_context; Type: CHECK CONSTRAINT; Schema: public; Owner: -
@@ -577,6 +632,12 @@ CREATE TRIGGER after_agent_action_delete AFTER DELETE ON public.agent_action FOR
 CREATE TRIGGER after_agent_action_update AFTER UPDATE ON public.agent_action REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION public.after_agent_action_update();
 
 --
+-- Name: agent_action default_agent_action_destination; Type: TRIGGER; Schema: public; Owner: -
+--
+
+CREATE TRIGGER default_agent_action_destination BEFORE INSERT ON public.agent_action FOR EACH ROW WHEN ((new.destination IS NULL)) EXECUTE FUNCTION public.default_agent_action_destination();
+
+--
 -- Name: agent_action guard_agent_action; Type: TRIGGER; Schema: public; Owner: -
 --
 
@@ -587,6 +648,13 @@ CREATE TRIGGER guard_agent_action BEFORE UPDATE ON public.agent_action FOR EACH 
 --
 
 CREATE TRIGGER guard_agent_action_insert BEFORE INSERT ON public.agent_action FOR EACH ROW EXECUTE FUNCTION public.guard_agent_action();
+
+--
+-- Name: agent_destination agent_destination_kind_fkey; Type: FK CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.agent_destination
+    ADD CONSTRAINT agent_destination_kind_fkey FOREIGN KEY (kind) REFERENCES public.agent_action_kind(name);
 
 --
 -- Name: agent_action fk_agent_action_kind; Type: FK CONSTRAINT; Schema: public; Owner: -

@@ -19,6 +19,11 @@ A kind may also name a payload check, `"module:function"`:
 
 The check is named by a string, loaded on first use, so a kind stays a frozen, comparable declaration and
 the module that holds the check may itself import outbox.
+
+Every action has a destination: where its effect goes (the SMTP relay, the NATS servers, a webhook endpoint),
+the unit that a provider's slow-down pauses and a rate paces (outbox.executor.destinations). A kind names its
+destination (`destination`, by default its name in lower case); a payload check that returns a name sets the
+action's own instead (WEBHOOK's returns its event's endpoint, `webhook:<endpoint>`).
 """
 
 from __future__ import annotations
@@ -37,6 +42,14 @@ PayloadCheck = Callable[[Any], object]
 # A kind's name: upper case ASCII letters, digits and underscores, at least one letter. The table
 # agent_action_kind checks the same rule (ck_agent_action_kind_name).
 _NAME = re.compile(r"[A-Z0-9_]*[A-Z][A-Z0-9_]*")
+# A destination's name; agent_destination and agent_action check the same rule (revision 0017).
+_DESTINATION = re.compile(r"[a-z0-9][a-z0-9_.:-]{0,79}")
+
+
+def is_destination_name(name: object) -> bool:
+    """Whether `name` may name a destination: 1 to 80 lower case letters, digits, `_`, `-`, `.` and `:`,
+    starting with a letter or digit."""
+    return isinstance(name, str) and _DESTINATION.fullmatch(name) is not None
 
 
 def is_kind_name(name: str) -> bool:
@@ -54,6 +67,7 @@ class ActionKind:
     the function raises InvalidRequest to refuse the payload.
     `retry_schedule`: the seconds the first, second, ... retry waits (the last repeats), each up to 10 %
     longer at random; None: the exponential backoff every other kind waits.
+    `destination`: where the kind's actions go, unless the payload check returns another name.
     """
 
     name: str
@@ -62,6 +76,7 @@ class ActionKind:
     workspace_level: bool = True
     payload_check: str | None = None
     retry_schedule: tuple[float, ...] | None = None
+    destination: str = ""
 
     _registry: ClassVar[dict[str, ActionKind]] = {}
     # the public name of a kind outbox brings, set by the kind's own module (outbox.email.kind)
@@ -72,10 +87,15 @@ class ActionKind:
     def __str__(self) -> str:
         return self.name
 
-    def check_payload(self, payload: Any) -> None:
-        """Run the kind's payload check, if it declares one; it raises InvalidRequest to refuse."""
-        if self.payload_check is not None:
-            _loaded_check(self.payload_check)(payload)
+    def check_payload(self, payload: Any) -> str:
+        """Run the kind's payload check, if it declares one; it raises InvalidRequest to refuse. Returns the
+        action's destination: the name the check returned, or else the kind's."""
+        found = _loaded_check(self.payload_check)(payload) if self.payload_check is not None else None
+        if found is None:
+            return self.destination
+        if not is_destination_name(found):
+            raise ValueError(f"kind {self.name}: its payload check returned {found!r}, not a destination name")
+        return str(found)
 
     @classmethod
     def register(
@@ -87,6 +107,7 @@ class ActionKind:
         workspace_level: bool = True,
         payload_check: str | None = None,
         retry_schedule: tuple[float, ...] | None = None,
+        destination: str | None = None,
     ) -> ActionKind:
         """Add a kind (step 1 of "Add a kind"). Registering the same declaration again is harmless."""
         if not is_kind_name(name):
@@ -101,7 +122,12 @@ class ActionKind:
             not retry_schedule or not all(isinstance(s, int | float) and 0 <= s < 10**7 for s in retry_schedule)
         ):
             raise ValueError(f"kind {name}: retry_schedule must be one or more waits of 0 to 10^7 seconds")
-        kind = cls(name, at_most_once, instance_level, workspace_level, payload_check, retry_schedule)
+        destination = name.lower() if destination is None else destination
+        if not is_destination_name(destination):
+            raise ValueError(
+                f"kind {name}: destination {destination!r} must be 1 to 80 lower case letters, digits, _, -, . and :"
+            )
+        kind = cls(name, at_most_once, instance_level, workspace_level, payload_check, retry_schedule, destination)
         known = cls._registry.get(name)
         if known is not None and known != kind:
             raise ValueError(f"kind {name} is already registered as {known!r}")

@@ -17,6 +17,7 @@ keys included, must encode as UTF-8 (no lone surrogate) and hold no NUL.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections.abc import Iterator
@@ -71,6 +72,8 @@ class ValidRequest:
     max_attempts: int
     expires_at: datetime | None
     state: str
+    # where the effect goes: the kind's destination, or the one its payload check named
+    destination: str
 
 
 def validate(request: ActionRequest) -> ValidRequest:
@@ -88,9 +91,9 @@ def validate(request: ActionRequest) -> ValidRequest:
         expires_at=_expires_at(request.expires_at),
         state=_state(request.proposed),
         payload_json=_payload_json(request.payload),
+        destination="",
     )
-    kind.check_payload(request.payload)
-    return valid
+    return dataclasses.replace(valid, destination=kind.check_payload(request.payload))
 
 
 # -- the fields

@@ -63,7 +63,8 @@ async def drain(
 ) -> Outcomes:
     """Make every waiting action due and run the executor until none is due; return what it did.
 
-    A retry's backoff or a deferral is cut short each round, so retries run to their last attempt.
+    A retry's backoff or a deferral is cut short each round, so retries run to their last attempt; so are the
+    pauses and paces a provider's slow-downs set (an operator's pause and a configured rate stay).
     `max_rounds` bounds an adapter that defers forever. Leases are left alone: a test that wants one
     to expire says so in SQL.
     """
@@ -73,6 +74,7 @@ async def drain(
     for _ in range(max_rounds):
         async with engine.begin() as conn:
             made_due = (await conn.execute(store_executor.MAKE_WAITING_DUE)).rowcount
+            made_due += (await conn.execute(store_executor.END_PROVIDER_PAUSES)).rowcount
         before = executor.outcomes.attempted
         await executor.run(until_idle=True)
         if made_due == 0 and executor.outcomes.attempted == before:

@@ -26,7 +26,7 @@ from demo.sink import Faults, SmtpSink
 from examples.accounts import notices, schema
 from outbox.email import EmailAdapter, SmtpSettings, enqueue_email
 from outbox.email.replies import BEFORE_DATA, REPLY_RULES, SLOW_DOWN_WORDS, ReplyRule, classify_reply, markdown_rows
-from outbox.executor import Defer, Executor, Failed, Retry, Uncertain
+from outbox.executor import Defer, Executor, Failed, Retry, SlowDown, Uncertain
 from outbox.executor.backoff import SLOW_DOWN_CAP_SECONDS, SLOW_DOWN_DEFERRALS, slow_down_delay
 from outbox.metrics.exporter import registry_for
 from outbox.webhook import WebhookAdapter, WebhookEvent, enqueue_webhook, register_endpoint, register_webhook_event
@@ -37,6 +37,7 @@ ROOT = Path(__file__).resolve().parent.parent
 ALICE, BOB = "alice@example.com", "bob@example.com"
 CREDENTIALS = ("outbox", "right")
 STATES = {
+    "Slow down": ("ADMITTED", None, 0),
     "Defer": ("ADMITTED", None, 0),
     "Retry": ("ADMITTED", None, 1),
     "Failed": ("FAILED", "PROVIDER_REFUSED", 1),
@@ -85,8 +86,10 @@ def attempts_counted(app: Engine, kind: str, result: str) -> float:
 
 
 def make_due(app: Engine, action_id: int) -> None:
+    """The action due now, and the relay's pause over."""
     with app.begin() as conn:
         conn.execute(text("UPDATE agent_action SET due_at = now() WHERE id = :id"), {"id": action_id})
+        conn.execute(text("UPDATE agent_destination SET paused_until = now() WHERE paused_until > now()"))
 
 
 async def attempt_once(aengine: AsyncEngine, smtp: SmtpSettings) -> None:
@@ -134,11 +137,20 @@ async def test_each_reply_of_the_table_at_its_stage(
     assert (found.state, found.stop_reason, found.attempt) == STATES[rule.verdict], found.last_error
     assert found.epoch == 1 and relay.received == []
     assert found.last_error.startswith(f"{stage}: {code}; "), found.last_error
-    assert attempts_counted(app, "EMAIL", rule.verdict.upper()) == 1
-    if rule.verdict == "Defer":
+    label = "DEFER" if rule.verdict == "Slow down" else rule.verdict.upper()
+    assert attempts_counted(app, "EMAIL", label) == 1
+    with app.connect() as conn:
+        paused = conn.execute(
+            text("SELECT paused_until > now() FROM agent_destination WHERE name = 'smtp'")
+        ).scalar_one_or_none()
+    # a slow-down pauses the relay for every executor; nothing else does (a greylisted message waits alone)
+    assert bool(paused) is (rule.verdict == "Slow down")
+    if rule.verdict in ("Defer", "Slow down"):
         assert found.last_error == f"{stage}: {code}; {rule.why}"
         assert found.write_started_at is None  # the fence is put back: nothing was written
-        assert 0 < found.due_in <= 1  # the first slow-down waits 0.5 .. 1 s
+        # the first slow-down pauses the relay for 0.5 s, and the email waits the pause; a greylisted one
+        # waits 0.5 .. 1 s alone
+        assert 0 < found.due_in <= 1
 
 
 def test_the_docs_table_is_the_rules_in_code() -> None:
@@ -157,7 +169,7 @@ def test_the_docs_table_is_the_rules_in_code() -> None:
 async def test_a_slow_down_to_one_recipient_defers_the_whole_email(
     app: Engine, aengine: AsyncEngine, sink: SmtpSink
 ) -> None:
-    sink.faults = Faults(rcpt={BOB: "451 4.7.1 Greylisted, please come back later"})
+    sink.faults = Faults(rcpt={BOB: "451 4.7.0 Too many messages for this recipient, try again later"})
     action_id = enqueue(app)
     await attempt_once(aengine, SmtpSettings(host="127.0.0.1", port=sink.port, sender="outbox@example.com"))
     found = stored(app, action_id)
@@ -165,11 +177,23 @@ async def test_a_slow_down_to_one_recipient_defers_the_whole_email(
     assert found.last_error == "rcpt: 451; the relay asks to slow down; nothing was sent"
 
 
+async def test_a_greylisted_recipient_defers_the_email_alone(app: Engine, aengine: AsyncEngine, sink: SmtpSink) -> None:
+    sink.faults = Faults(rcpt={BOB: "451 4.7.1 Greylisted, please come back later"})
+    action_id = enqueue(app)
+    await attempt_once(aengine, SmtpSettings(host="127.0.0.1", port=sink.port, sender="outbox@example.com"))
+    found = stored(app, action_id)
+    assert (found.state, found.attempt) == ("ADMITTED", 0) and sink.received == []
+    assert found.last_error == "rcpt: 451; the relay wants this message again later (greylisting); nothing was sent"
+    with app.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM agent_destination")).scalar_one() == 0
+
+
 async def test_deferrals_never_spend_attempts_and_wait_longer_each_time(
     app: Engine, aengine: AsyncEngine, sink: SmtpSink
 ) -> None:
-    """Five slow-downs in a row: attempt stays 0, epoch counts the claims, each wait is within its doubling
-    bound, and DEFER counts five; then the relay accepts and the email is DONE at its first attempt."""
+    """Five slow-downs in a row: attempt stays 0, epoch counts the claims, the relay's pause doubles from 0.5 s
+    and the email waits it, and DEFER counts five; then the relay accepts and the email is DONE at its first
+    attempt."""
     smtp = SmtpSettings(host="127.0.0.1", port=sink.port, sender="outbox@example.com")
     sink.faults = Faults(mail="450 4.7.1 Error: too much mail from 127.0.0.1")
     action_id = enqueue(app)
@@ -177,8 +201,11 @@ async def test_deferrals_never_spend_attempts_and_wait_longer_each_time(
         await attempt_once(aengine, smtp)
         found = stored(app, action_id)
         assert (found.state, found.attempt, found.epoch) == ("ADMITTED", 0, deferral + 1)
-        ceiling = 2.0**deferral  # 1 s, 2 s, 4 s, ... (the wait is drawn from [ceiling / 2, ceiling])
-        assert ceiling / 2 - 0.5 < found.due_in <= ceiling
+        pause = 0.5 * 2.0**deferral  # 0.5 s, 1 s, 2 s, ...: the relay's pause, which the email waits
+        assert pause - 0.5 < found.due_in <= pause
+        with app.begin() as conn:
+            paused = conn.execute(text("SELECT extract(epoch FROM paused_until - now()) FROM agent_destination"))
+            assert pause - 0.5 < paused.scalar_one() <= pause
         make_due(app, action_id)
     assert attempts_counted(app, "EMAIL", "DEFER") == 5
     sink.faults = Faults()
@@ -275,7 +302,7 @@ def test_a_4xx_before_data_without_a_slow_down_sign_is_a_retry(code: int, stage:
 
 def test_every_verdict_of_the_rules_is_a_result() -> None:
     made = {type(rule.result(stage, int(reply[:3]), 0)) for rule in REPLY_RULES for stage, reply in rule.examples}
-    assert made == {Defer, Retry, Failed, Uncertain}
+    assert made == {SlowDown, Defer, Retry, Failed, Uncertain}
     assert all(re.fullmatch(r"[0-9x]{3}", rule.code) for rule in REPLY_RULES)
 
 

@@ -82,6 +82,7 @@ from outbox.executor import (
     WriteWindow,
 )
 from outbox.kinds import ActionKind
+from outbox.rates import Rate, parse_rate
 
 TlsMode = Literal["auto", "starttls", "implicit", "none"]
 # the longest readback_ref the adapter records
@@ -106,6 +107,8 @@ class SmtpSettings:
     ca_file: Path | None = None
     # the name EHLO gives; None: derived (see the module's docstring and `default_helo_name`)
     helo_name: str | None = None
+    # the relay's rate for all executors together; None: none (outbox.rates)
+    rate: Rate | None = None
 
     def __post_init__(self) -> None:
         check_address("smtp sender", self.sender)
@@ -128,6 +131,7 @@ class SmtpSettings:
             timeout_seconds=settings.smtp_timeout_seconds,
             ca_file=settings.smtp_ca_file,
             helo_name=settings.smtp_helo_name or None,
+            rate=parse_rate(settings.smtp_rate, "OUTBOX_SMTP_RATE") if settings.smtp_rate else None,
         )
 
     @property
@@ -202,6 +206,11 @@ class EmailAdapter:
     @property
     def kind(self) -> ActionKind:
         return EMAIL
+
+    @property
+    def rates(self) -> dict[str, Rate | None]:
+        """The destination this adapter sends to, the relay, and its configured rate."""
+        return {EMAIL.destination: self.settings.rate}
 
     async def execute(self, attempt: ActionAttempt) -> Result:
         action = attempt.action

@@ -1,8 +1,10 @@
 """What the EMAIL adapter makes of a relay's reply: one table of rules, read top down, the first match wins.
 
     (stage, code, text) ──▶ the first rule of REPLY_RULES whose stages, code and text match ──▶ its result:
-        Defer (a slow-down before any data: nothing was sent, the attempt does not count, the wait is
-        outbox.executor.backoff.slow_down_delay), Retry, Failed PROVIDER_REFUSED or Uncertain PROVIDER_UNCERTAIN
+        Slow down (a SlowDown: a slow-down before any data; nothing was sent, the attempt does not count, and
+        the relay's destination, `smtp`, pauses for every executor), Defer (this message alone waits, such
+        as a greylisted one: outbox.executor.backoff.not_yet), Retry, Failed PROVIDER_REFUSED or Uncertain
+        PROVIDER_UNCERTAIN
 
 The stages are those the adapter reaches in order: connect (and the greeting), ehlo, starttls, login, mail,
 rcpt, data (the DATA command, the message and the reply at its end). A reply's text is read only to match
@@ -20,9 +22,9 @@ from dataclasses import dataclass
 from typing import Literal
 
 from outbox.executor import Failed, Result, Retry, Uncertain
-from outbox.executor.backoff import slow_down
+from outbox.executor.backoff import not_yet, slow_down
 
-Verdict = Literal["Defer", "Retry", "Failed", "Uncertain"]
+Verdict = Literal["Slow down", "Defer", "Retry", "Failed", "Uncertain"]
 
 # the stages before DATA: a refusal there proves the relay holds nothing
 BEFORE_DATA = ("connect", "ehlo", "starttls", "login", "mail", "rcpt")
@@ -40,8 +42,10 @@ STAGE_NAMES = {
 POLICY_CODE = re.compile(r"^\s*4\.7\.\d{1,3}\b")
 # a limit on one message's recipients (RFC 5321 asks to send the rest in another transaction)
 TOO_MANY_RECIPIENTS = re.compile(r"^\s*4\.5\.3\b|too many recipients", re.I)
-# words of a rate, a throttle or greylisting in a reply's text
-SLOW_DOWN_WORDS = re.compile(r"\brate|too many|throttl|try again later|too much mail|greylist|graylist", re.I)
+# words of a rate or a throttle in a reply's text
+SLOW_DOWN_WORDS = re.compile(r"\brate|too many|throttl|try again later|too much mail", re.I)
+# greylisting: the relay wants this message again later, and takes the others meanwhile
+GREYLISTED = re.compile(r"greylist|graylist", re.I)
 
 
 @dataclass(frozen=True)
@@ -70,8 +74,10 @@ class ReplyRule:
         """This rule's result for `code` at `stage`, when `uncounted` earlier claims of the action did not count."""
         reason = f"{stage}: {code}; {self.why}"
         match self.verdict:
-            case "Defer":
+            case "Slow down":
                 return slow_down(uncounted, reason)
+            case "Defer":
+                return not_yet(uncounted, reason)
             case "Retry":
                 return Retry(reason)
             case "Failed":
@@ -81,6 +87,7 @@ class ReplyRule:
 
 
 SLOWS_DOWN = "the relay asks to slow down; nothing was sent"
+GREYLISTS = "the relay wants this message again later (greylisting); nothing was sent"
 
 REPLY_RULES: tuple[ReplyRule, ...] = (
     ReplyRule(
@@ -113,7 +120,7 @@ REPLY_RULES: tuple[ReplyRule, ...] = (
         "421",
         None,
         "421 (the relay closes the connection)",
-        "Defer",
+        "Slow down",
         SLOWS_DOWN,
         (
             ("connect", "421 4.7.0 relay.example.test Error: too many connections from 127.0.0.1"),
@@ -136,14 +143,25 @@ REPLY_RULES: tuple[ReplyRule, ...] = (
     ReplyRule(
         BEFORE_DATA,
         "4xx",
-        POLICY_CODE,
-        "4xx with an enhanced code `4.7.x` (`454 4.7.0`, `450 4.7.1`, `451 4.7.1` greylisted)",
+        GREYLISTED,
+        "4xx whose text says greylisted",
         "Defer",
+        GREYLISTS,
+        (
+            ("rcpt", "451 4.7.1 Greylisted, please come back later"),
+            ("rcpt", "450 4.2.0 Recipient address rejected: Greylisted"),
+        ),
+    ),
+    ReplyRule(
+        BEFORE_DATA,
+        "4xx",
+        POLICY_CODE,
+        "4xx with an enhanced code `4.7.x` (`454 4.7.0`, `450 4.7.1`, `451 4.7.1`)",
+        "Slow down",
         SLOWS_DOWN,
         (
             ("mail", "454 4.7.0 Throttling failure: Maximum sending rate exceeded"),
             ("mail", "450 4.7.1 Error: too much mail from 127.0.0.1"),
-            ("rcpt", "451 4.7.1 Greylisted, please come back later"),
             ("login", "454 4.7.0 Temporary authentication failure"),
             ("ehlo", "450 4.7.1 Helo command rejected: Host not found"),
         ),
@@ -152,14 +170,13 @@ REPLY_RULES: tuple[ReplyRule, ...] = (
         BEFORE_DATA,
         "4xx",
         SLOW_DOWN_WORDS,
-        "4xx whose text says rate, too many, throttled, try again later, too much mail or greylisted",
-        "Defer",
+        "4xx whose text says rate, too many, throttled, try again later or too much mail",
+        "Slow down",
         SLOWS_DOWN,
         (
             ("mail", "451 Throttled, please slow down"),
             ("mail", "450 Requested action aborted: sending rate exceeded"),
             ("mail", "452 4.3.0 Too many messages for now"),
-            ("rcpt", "450 4.2.0 Recipient address rejected: Greylisted"),
             ("rcpt", "451 4.3.0 Please try again later"),
         ),
     ),

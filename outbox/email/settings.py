@@ -31,6 +31,9 @@ class EmailSettings(BaseSettings):
     smtp_password: SecretStr | None = None
     smtp_timeout_seconds: float = 30.0
     smtp_ca_file: Path | None = None
+    # the relay's rate, held by all executors together (`14/s`, `600/min`); unset: none, and the pace is
+    # learned from the relay's slow-downs
+    smtp_rate: str | None = None
 
 
 def load_settings() -> EmailSettings:

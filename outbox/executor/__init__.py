@@ -20,7 +20,17 @@ if TYPE_CHECKING:
     from outbox.executor.attempt import ActionAttempt, FenceRefused, WriteWindow
     from outbox.executor.config import ExecutorConfig
     from outbox.executor.executor import Executor
-    from outbox.executor.results import Abandoned, Cancelled, Defer, Done, Failed, Result, Retry, Uncertain
+    from outbox.executor.results import (
+        Abandoned,
+        Cancelled,
+        Defer,
+        Done,
+        Failed,
+        Result,
+        Retry,
+        SlowDown,
+        Uncertain,
+    )
 
 _HOMES = {
     "Abandoned": "outbox.executor.results",
@@ -35,6 +45,7 @@ _HOMES = {
     "FenceRefused": "outbox.executor.attempt",
     "Result": "outbox.executor.results",
     "Retry": "outbox.executor.results",
+    "SlowDown": "outbox.executor.results",
     "Uncertain": "outbox.executor.results",
     "WriteWindow": "outbox.executor.attempt",
 }
@@ -52,6 +63,7 @@ __all__ = [
     "FenceRefused",
     "Result",
     "Retry",
+    "SlowDown",
     "Uncertain",
     "WriteWindow",
 ]

@@ -14,18 +14,20 @@ seconds after a restart or a failover, so the first waits are short; the cap kee
 try a minute per action, and the jitter spreads the actions that failed together.
 
 Slow-down (the provider asked to slow down before anything was written, such as an SMTP 421 or a 429 with no
-Retry-After; the attempt does not count): the same shape again, from 1 s doubling to 5 minutes, by the same
-count of uncounted claims. The provider names no time, so the first waits are short (a rate limit's window
-is often a second or a minute); doubling keeps an action that meets the limit again and again from asking
-over and over, and the cap bounds the wait after a long throttle to one try every 2.5 to 5 minutes per
-action, so the backlog drains soon after the provider accepts again.
+Retry-After; the attempt does not count): the destination pauses (outbox.executor.pacing), and the action
+waits the pause; when the pause cannot be written, and for an action that alone must wait (a greylisted
+message), the same shape again, from 1 s doubling to 5 minutes, by the same count of uncounted claims.
+The provider names no time, so the first waits are short (a rate limit's window is often a second or a
+minute); doubling keeps an action that meets the limit again and again from asking over and over, and the cap
+bounds the wait after a long throttle to one try every 2.5 to 5 minutes per action, so the backlog drains soon
+after the provider accepts again.
 """
 
 from __future__ import annotations
 
 import random
 
-from outbox.executor.results import Defer, Retry
+from outbox.executor.results import Defer, Retry, SlowDown
 
 BASE_SECONDS = 5.0
 CAP_SECONDS = 3600.0
@@ -59,14 +61,25 @@ def own_fault_delay(uncounted: int, rng: random.Random | None = None) -> float:
     return _doubling(OWN_FAULT_BASE_SECONDS, OWN_FAULT_CAP_SECONDS, uncounted, rng)
 
 
-def slow_down(uncounted: int, reason: str, after: float | None = None) -> Defer | Retry:
-    """A provider's slow-down: a Defer after `after` (the provider's own time), or else the slow-down backoff,
-    while the action has had fewer than SLOW_DOWN_DEFERRALS uncounted claims. Past them a slow-down counts
-    as an attempt (a Retry): a provider that answers "slow down" for ever, such as a policy refusal sent as a
-    4xx or a receiver that always answers 429, still lets the action end."""
+def slow_down(uncounted: int, reason: str, after: float | None = None) -> SlowDown | Retry:
+    """A provider's slow-down: a SlowDown (a Defer that pauses the destination) for `after` (the provider's own
+    time), or else the slow-down backoff, while the action has had fewer than SLOW_DOWN_DEFERRALS uncounted
+    claims. Past them a slow-down counts as an attempt (a Retry): a provider that answers "slow down" for
+    ever, such as a policy refusal sent as a 4xx or a receiver that always answers 429, still lets the action
+    end."""
     if uncounted >= SLOW_DOWN_DEFERRALS:
         return Retry(f"{reason} (after {uncounted} deferrals, counted as an attempt)")
-    return Defer(slow_down_delay(uncounted) if after is None else after, reason)
+    if after is None:
+        return SlowDown(slow_down_delay(uncounted), reason)
+    return SlowDown(after, reason, named=True)
+
+
+def not_yet(uncounted: int, reason: str) -> Defer | Retry:
+    """This action, not its destination, must wait (a greylisting relay wants this message again later): a
+    Defer after the slow-down backoff, or past SLOW_DOWN_DEFERRALS uncounted claims a Retry."""
+    if uncounted >= SLOW_DOWN_DEFERRALS:
+        return Retry(f"{reason} (after {uncounted} deferrals, counted as an attempt)")
+    return Defer(slow_down_delay(uncounted), reason)
 
 
 def slow_down_delay(uncounted: int, rng: random.Random | None = None) -> float:

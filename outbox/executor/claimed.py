@@ -35,6 +35,8 @@ class ClaimedAction:
     trace: dict[str, Any] | None = None
     # the W3C trace context of the code that enqueued it (outbox.tracing), as stored; None: none was active
     trace_context: Any = None
+    # where its effect goes (outbox.executor.destinations)
+    destination: str = ""
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,10 @@ class ExecutorConfig:
     sweep_seconds: float = 1.0
     # on stop: how long an attempt that has not reached its fence may run before it is cancelled
     handback_grace_seconds: float = 5.0
+    # a destination whose attempts all failed this long is broken (outbox.executor.pacing); then one probe
+    # every `probe_seconds` finds when it is back
+    break_seconds: float = 30.0
+    probe_seconds: float = 15.0
 
     def __post_init__(self) -> None:
         if self.concurrency < 1 or (self.claim_batch is not None and self.claim_batch < 1):
@@ -33,8 +37,8 @@ class ExecutorConfig:
             raise ValueError(
                 f"lease_seconds must exceed the {WRITE_WINDOW_SECONDS:.0f} s write window, not {self.lease_seconds}"
             )
-        if self.poll_seconds <= 0 or self.sweep_seconds <= 0:
-            raise ValueError("poll_seconds and sweep_seconds must be positive")
+        if min(self.poll_seconds, self.sweep_seconds, self.break_seconds, self.probe_seconds) <= 0:
+            raise ValueError("poll_seconds, sweep_seconds, break_seconds and probe_seconds must be positive")
 
     @property
     def claim_size(self) -> int:

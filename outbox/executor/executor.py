@@ -50,6 +50,7 @@ from outbox.executor.backoff import own_fault_delay, retry_delay
 from outbox.executor.claimed import AttemptReport, ClaimedAction, FinishWrite
 from outbox.executor.committer import Committer
 from outbox.executor.config import WRITE_WINDOW_SECONDS, ExecutorConfig
+from outbox.executor.destinations import Destinations
 from outbox.executor.outcomes import EndedAction, Outcomes
 from outbox.executor.results import (
     Abandoned,
@@ -109,6 +110,7 @@ class Executor:
         self.config = config or ExecutorConfig()
         self._listen = listen
         self.outcomes = Outcomes()
+        self._destinations = Destinations(self._store, self._adapters.values(), self.config, self.outcomes)
         self._inflight: dict[asyncio.Task[None], ActionAttempt] = {}
         self._wake: asyncio.Event | None = None
         self._stopping = False
@@ -148,7 +150,10 @@ class Executor:
         budget = max_actions if max_actions is not None else math.inf
         next_sweep = 0.0
         gather_until = 0.0
+        started = await self._tried(self._destinations.start())
         try:
+            if not started:
+                log.warning("the destinations' rates were not written: the database was unavailable")
             while not self._stopping and loop.time() < deadline and budget > 0:
                 self._wake.clear()
                 found = 0
@@ -169,7 +174,12 @@ class Executor:
                         continue  # more heads may be ready right now
                 if until_idle and found == 0 and not self._inflight:
                     break
-                timeout = min(self.config.poll_seconds, max(0.0, next_sweep - loop.time()), deadline - loop.time())
+                timeout = min(
+                    self.config.poll_seconds,
+                    max(0.0, next_sweep - loop.time()),
+                    deadline - loop.time(),
+                    max(0.0, self._destinations.wake_at - loop.time()),
+                )
                 if gathering:
                     timeout = min(timeout, gather_until - loop.time())
                 with contextlib.suppress(TimeoutError):
@@ -212,7 +222,11 @@ class Executor:
     # ---- finding work ----------------------------------------------------------------------------
 
     async def _claim(self, limit: int) -> list[ClaimedAction]:
+        """Ready heads of open destinations, then of held ones as far as each allows (outbox.executor.destinations)."""
         claimed = await self._tried(self._store.claim(limit, self.config.lease_seconds, self._kinds)) or []
+        if len(claimed) < limit:
+            held = self._destinations.claim(limit - len(claimed), self.config.lease_seconds, self._kinds)
+            claimed += await self._tried(held) or []
         for action in claimed:
             self._spawn(action)
         return claimed
@@ -222,6 +236,7 @@ class Executor:
         sweep = await self._tried(
             self._store.sweep(self.executor_id, free, self.config.lease_seconds, self._kinds, self._at_most_once)
         )
+        await self._tried(self._destinations.refresh(self._kinds))
         if sweep is None:
             return 0
         for ended in sweep.ended:
@@ -293,6 +308,7 @@ class Executor:
             f"{action.kind.name} attempt", action.id, action.trace_context, self._span_attributes(action)
         ) as span:
             result = await self._result_of(attempt)
+            result = await self._tried(self._destinations.saw(action, result)) or result
             write, recorded = await self._record(attempt, result, started)
             span.finish(*_span_outcome(attempt, result, write, recorded=recorded))
 

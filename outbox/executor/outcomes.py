@@ -9,7 +9,8 @@ WARNING here, with its kind, reason and id, and the trace its adapter noted (out
 its recipient or payload. Whatever is shown of an ended action beyond its id, kind, state and reason is its
 trace, the same for every kind. Whoever runs the executor can listen for the actions it ends (`listeners`):
 the Prefect drain turns the UNCERTAIN and FAILED ones into Prefect events. A listener runs on the executor's
-event loop and must not block.
+event loop and must not block. The changes it makes to destinations (paused, broken, mended, resumed) are
+logged (a broken one as a WARNING) and go to `destination_listeners` the same way.
 """
 
 from __future__ import annotations
@@ -41,6 +42,18 @@ def shown_trace(trace: Mapping[str, Any]) -> str:
     return " ".join(f"{name}={json.dumps(value, ensure_ascii=False)}" for name, value in trace.items())
 
 
+@dataclass(frozen=True)
+class DestinationChange:
+    """A change this executor made to a destination (outbox.executor.destinations): `paused` (for `seconds`),
+    `broken`, `mended`, or `resumed` (a pause it made ended); `reason` never holds a recipient."""
+
+    name: str
+    kind: str
+    change: str
+    reason: str
+    seconds: float | None = None
+
+
 @dataclass
 class Outcomes:
     # (kind, result, recorded) -> attempts
@@ -48,6 +61,9 @@ class Outcomes:
     # (kind, state, reason) -> actions ended by this executor
     ended: Counter[tuple[str, str, str]] = field(default_factory=Counter)
     listeners: list[Callable[[EndedAction], None]] = field(default_factory=list)
+    # (destination, change) -> the changes this executor made
+    destinations: Counter[tuple[str, str]] = field(default_factory=Counter)
+    destination_listeners: list[Callable[[DestinationChange], None]] = field(default_factory=list)
 
     def attempt(self, kind: str, result: str, recorded: bool) -> None:
         self.attempts[(kind, result, recorded)] += 1
@@ -62,6 +78,17 @@ class Outcomes:
                 listener(ended)
             except Exception:  # a listener's fault never stops the executor
                 log.exception("a listener failed on action %s", ended.id)
+
+    def destination(self, change: DestinationChange) -> None:
+        self.destinations[(change.name, change.change)] += 1
+        lasting = f" for {change.seconds:.3g} s" if change.seconds is not None else ""
+        level = logging.WARNING if change.change == "broken" else logging.INFO
+        log.log(level, "destination %s (%s) %s%s: %s", change.name, change.kind, change.change, lasting, change.reason)
+        for listener in self.destination_listeners:
+            try:
+                listener(change)
+            except Exception:  # a listener's fault never stops the executor
+                log.exception("a listener failed on destination %s", change.name)
 
     @property
     def attempted(self) -> int:

@@ -5,6 +5,7 @@
 | Retry     | the provider proved it holds nothing; may succeed    | ADMITTED after a backoff, fence cleared;    |
 |           |                                                      | FAILED / ATTEMPTS_EXHAUSTED at the last one |
 | Defer     | not now, and nothing was written (a rate limit)      | ADMITTED after `after`; attempt not counted |
+| SlowDown  | a Defer because the provider asked to slow down      | the same, and its destination pauses        |
 | Uncertain | the effect may exist                                 | UNCERTAIN; nothing sends it again           |
 | Failed    | the provider refused it, or nobody can receive it    | FAILED / PROVIDER_REFUSED                   |
 | Cancelled | nothing should be written                            | CANCELLED / NOT_WANTED                      |
@@ -42,6 +43,16 @@ class Retry:
 class Defer:
     after: float
     reason: str = ""
+
+
+@dataclass(frozen=True)
+class SlowDown(Defer):
+    """The provider asked to slow down before anything was written (an SMTP 421, a 429): a Defer of this action,
+    and a pause of its whole destination for every executor (outbox.executor.destinations), for `after` when
+    the provider named the wait (`named`), else for the destination's backoff. `after` is also this action's
+    wait when the pause cannot be written."""
+
+    named: bool = False
 
 
 @dataclass(frozen=True)
@@ -86,6 +97,7 @@ RESULT_NAMES: dict[type[Result], str] = {
     Done: "DONE",
     Retry: "RETRY",
     Defer: "DEFER",
+    SlowDown: "DEFER",
     OutboxFault: "OUTBOX_FAULT",
     Uncertain: "UNCERTAIN",
     Failed: "FAILED",

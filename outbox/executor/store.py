@@ -28,6 +28,7 @@ import json
 import math
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, TypeVar
 
 import psycopg
@@ -39,6 +40,7 @@ from outbox.executor.attempt import TraceValue
 from outbox.executor.claimed import AttemptReport, ClaimedAction, FinishWrite
 from outbox.executor.outcomes import EndedAction
 from outbox.kinds import ActionKind
+from outbox.store import destinations
 from outbox.store import metrics as store_metrics
 from outbox.store.caller import psycopg_sql
 from outbox.store.executor import (
@@ -75,6 +77,17 @@ class WriteOutcome:
     outcome: str
     found_epoch: int | None = None
     found_state: str | None = None
+
+
+@dataclass(frozen=True)
+class SlowedDown:
+    """What a slow-down left: the destination paused until when (and for how long from now), its pace, and
+    whether this slow-down paused it (not one that found it paused)."""
+
+    paused_until: datetime
+    pause_seconds: float
+    pace: float | None
+    newly_paused: bool
 
 
 @dataclass(frozen=True)
@@ -170,6 +183,66 @@ class ExecutorStore:
         """Up to `limit` ready lane heads of `kinds`, claimed under a lease of `lease_seconds`."""
         rows = await self._rows(CLAIM_READY_HEADS, {"limit": limit, "lease_seconds": lease_seconds, "kinds": kinds})
         return [claimed_action(row, fresh=True) for row in rows]
+
+    async def claim_destination(
+        self, name: str, limit: int, lease_seconds: float, kinds: list[str], pacing: Mapping[str, float]
+    ) -> tuple[list[ClaimedAction], float | None]:
+        """Up to `limit` ready lane heads of the held destination `name`, as many as it allows now
+        (CLAIM_DESTINATION_HEADS), and the seconds until it may allow more (None: nothing it waits for)."""
+        params = {"name": name, "limit": limit, "lease_seconds": lease_seconds, "kinds": kinds, **pacing}
+        rows = await self._rows(destinations.CLAIM_DESTINATION_HEADS, params)
+        claimed = [claimed_action(row, fresh=True) for row in rows if row.id is not None]
+        return claimed, rows[0].next_seconds if rows else None
+
+    async def held_destinations(self) -> list[tuple[str, str, bool]]:
+        """The destinations held back from the plain claim (paused, broken, paced or with a rate): name, kind,
+        and whether it is broken."""
+        return [(row.name, row.kind, row.broken) for row in await self._rows(destinations.HELD_DESTINATIONS, {})]
+
+    async def set_rates(self, rates: Mapping[str, tuple[str, float | None, float]]) -> None:
+        """Write the configured rates (name: kind, attempts a second or None, burst) for every executor."""
+        rated = {name: value for name, value in rates.items() if value[1] is not None}
+        if rated:
+            await self._rows(
+                destinations.SET_RATES,
+                {
+                    "names": list(rated),
+                    "kinds": [kind for kind, _, _ in rated.values()],
+                    "rates": [rate for _, rate, _ in rated.values()],
+                    "bursts": [burst for _, _, burst in rated.values()],
+                },
+            )
+        await self._rows(destinations.CLEAR_RATES, {"names": [name for name in rates if name not in rated]})
+
+    async def slow_down(
+        self, name: str, kind: str, after: float | None, reason: str, pacing: Mapping[str, float]
+    ) -> SlowedDown:
+        """Record a provider's slow-down of `name`: its pause (the provider's `after`, or the backoff) and
+        its lowered pace (destinations.SLOW_DOWN)."""
+
+        async def write(conn: psycopg.AsyncConnection[Any]) -> SlowedDown:
+            async with conn.transaction():
+                await _fetch(conn, destinations.ADD_DESTINATION, {"name": name, "kind": kind})
+                params = {"name": name, "after": after, "reason": reason, **pacing}
+                row = (await _fetch(conn, destinations.SLOW_DOWN, params))[0]
+                return SlowedDown(row.paused_until, row.pause_seconds, row.pace, row.newly_paused)
+
+        return await self._bounded(write)
+
+    async def break_destination(self, name: str, kind: str, probe_seconds: float) -> bool:
+        """Mark `name` broken (its first probe `probe_seconds` later); whether it was not broken before."""
+
+        async def write(conn: psycopg.AsyncConnection[Any]) -> bool:
+            async with conn.transaction():
+                await _fetch(conn, destinations.ADD_DESTINATION, {"name": name, "kind": kind})
+                rows = await _fetch(conn, destinations.BREAK, {"name": name, "probe_seconds": probe_seconds})
+                return bool(rows and rows[0].newly)
+
+        return await self._bounded(write)
+
+    async def mend_destination(self, name: str) -> bool:
+        """`name` is no longer broken; whether it was."""
+        return bool(await self._rows(destinations.MEND, {"name": name}))
 
     async def sweep(
         self, executor_id: str, free: int, lease_seconds: float, kinds: list[str], at_most_once: list[str]
@@ -284,4 +357,5 @@ def claimed_action(row: Any, *, fresh: bool) -> ClaimedAction:
         pickup_seconds=max(0.0, row.pickup_seconds) if fresh else None,
         trace=row.trace,
         trace_context=row.trace_context,
+        destination=row.destination,
     )

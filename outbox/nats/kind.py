@@ -15,6 +15,10 @@ from __future__ import annotations
 from outbox.kinds import ActionKind
 
 NATS_EVENT = ActionKind.register(
-    "NATS_EVENT", at_most_once=False, instance_level=True, payload_check="outbox.nats.events:check_payload"
+    "NATS_EVENT",
+    at_most_once=False,
+    instance_level=True,
+    payload_check="outbox.nats.events:check_payload",
+    destination="nats",
 )
 ActionKind.NATS_EVENT = NATS_EVENT

@@ -55,7 +55,7 @@ INSERT_ACTIONS = text(f"""
 WITH input AS MATERIALIZED (
     SELECT r->>0 AS kind, (r->>1)::bigint AS workspace_id, r->>2 AS lane_key, r->>3 AS idempotency_key,
            r->>4 AS payload, (r->>5)::bigint AS subject_account_id, (r->>6)::int AS max_attempts,
-           (r->>7)::timestamptz AS expires_at, r->>8 AS state, position
+           (r->>7)::timestamptz AS expires_at, r->>8 AS state, r->>9 AS destination, position
       FROM jsonb_array_elements(CAST(:requests AS jsonb)) WITH ORDINALITY AS i (r, position)
 ), refused AS MATERIALIZED (
     SELECT jsonb_build_object('kind', d->>0, 'row', CASE WHEN k.name IS NOT NULL THEN jsonb_build_object(
@@ -70,9 +70,9 @@ WITH input AS MATERIALIZED (
       WHERE expires_at <= clock_timestamp() ORDER BY position LIMIT 1)
 ), inserted AS (
     INSERT INTO agent_action (kind, workspace_id, lane_key, idempotency_key, payload,
-                              subject_account_id, max_attempts, expires_at, state, trace_context)
+                              subject_account_id, max_attempts, expires_at, state, trace_context, destination)
     SELECT kind, workspace_id, lane_key, idempotency_key, CAST(payload AS jsonb),
-           subject_account_id, max_attempts, expires_at, state, CAST(:trace_context AS jsonb)
+           subject_account_id, max_attempts, expires_at, state, CAST(:trace_context AS jsonb), destination
       FROM input WHERE NOT EXISTS (SELECT FROM refused) ORDER BY position
     ON CONFLICT DO NOTHING
     RETURNING {ACTION_COLUMNS}
@@ -125,6 +125,7 @@ def insert_actions(requests: Sequence[ValidRequest], trace_context: str | None =
             r.max_attempts,
             r.expires_at.isoformat() if r.expires_at is not None else None,
             r.state,
+            r.destination,
         ]
         for r in requests
     ]

@@ -28,11 +28,16 @@ CLAIMED_COLUMNS = (
     " a.max_attempts,"
     " a.epoch, a.write_started_at, a.due_at,"
     " extract(epoch FROM a.lease_expires_at - now())::float8 AS lease_seconds,"
-    " extract(epoch FROM now() - a.due_at)::float8 AS pickup_seconds, a.trace, a.trace_context"
+    " extract(epoch FROM now() - a.due_at)::float8 AS pickup_seconds, a.trace, a.trace_context, a.destination"
 )
 
+# What holds a destination back from the plain claim: a pause, a breaker, a rate or a pace. Its heads are
+# claimed one destination at a time (outbox.store.destinations).
+HELD = "paused_until > now() OR broken_since IS NOT NULL OR rate IS NOT NULL OR pace IS NOT NULL"
+
 # Due lane heads, many per round trip: the ADMITTED holders of their lanes (ix_agent_action_ready holds
-# nothing else), by due time. SKIP LOCKED, so two replicas never take one head and neither waits; a row
+# nothing else), by due time, but for the destinations held back (read once per statement from the few rows
+# of agent_destination). SKIP LOCKED, so two replicas never take one head and neither waits; a row
 # that stopped holding its lane meanwhile is checked again, and left. FOR NO KEY UPDATE: an enqueue into the
 # lane that has not committed (it holds the holder FOR KEY SHARE) does not hold the claim back. The holder
 # stays marked while it executes, so a claim writes nothing but its own rows.
@@ -41,6 +46,7 @@ WITH heads AS MATERIALIZED (
     SELECT a.id FROM agent_action AS a
      WHERE a.lane_head AND a.state = 'ADMITTED' AND a.due_at <= now()
        AND a.kind = ANY (CAST(:kinds AS text[])) AND (a.expires_at IS NULL OR a.expires_at > now())
+       AND a.destination <> ALL (ARRAY(SELECT name FROM agent_destination WHERE {HELD}))
      ORDER BY a.due_at
      LIMIT :limit
      FOR NO KEY UPDATE SKIP LOCKED
@@ -221,3 +227,12 @@ SELECT id, outcome, found_epoch, found_state FROM decided
 # `outbox.testing.drain`, before each round: every waiting action due now (a drain cuts retries' backoff and
 # deferrals short)
 MAKE_WAITING_DUE = text("UPDATE agent_action SET due_at = now() WHERE state = 'ADMITTED' AND due_at > now()")
+# and every pause a provider asked for over, every learned pace forgotten (an operator's pause and a configured
+# rate stay)
+END_PROVIDER_PAUSES = text("""
+UPDATE agent_destination
+   SET paused_until = CASE WHEN paused_by = 'provider' THEN NULL ELSE paused_until END,
+       paused_by = CASE WHEN paused_by = 'provider' THEN NULL ELSE paused_by END,
+       pace = NULL, pace_at = NULL, slow_downs = 0
+ WHERE paused_by = 'provider' OR pace IS NOT NULL
+""")

@@ -62,6 +62,7 @@ from outbox.executor.attempt import WriteWindow
 from outbox.executor.backoff import slow_down
 from outbox.extras import needs
 from outbox.kinds import ActionKind
+from outbox.rates import Rate
 from outbox.webhook.endpoints import WebhookEndpoint, endpoint_secrets, registered_endpoints
 from outbox.webhook.events import UnknownEvent, event_of
 from outbox.webhook.kind import WEBHOOK
@@ -111,6 +112,11 @@ class WebhookAdapter:
     @property
     def kind(self) -> ActionKind:
         return WEBHOOK
+
+    @property
+    def rates(self) -> dict[str, Rate | None]:
+        """The destinations this adapter sends to, its endpoints, and their configured rates."""
+        return {endpoint.destination: endpoint.rate for endpoint, _ in self._signers.values()}
 
     async def aclose(self) -> None:
         """Close the adapter's connections."""

@@ -27,6 +27,7 @@ from typing import NoReturn
 from urllib.parse import urlsplit
 
 from outbox.errors import OutboxError
+from outbox.rates import Rate, parse_rate
 
 # a function of an endpoint's name: its secret, or None
 SecretSource = Callable[[str], str | None]
@@ -68,6 +69,13 @@ class WebhookEndpoint:
     url: str
     # None: looked up when the adapter is built (`endpoint_secrets`); two separated by a space while rotating
     secret: str | None = field(default=None, repr=False)
+    # the endpoint's rate for all executors together; None: none, the pace is learned from its 429s
+    rate: Rate | None = None
+
+    @property
+    def destination(self) -> str:
+        """The destination of this endpoint's webhooks (outbox.executor.destinations)."""
+        return destination_name(self.name)
 
     @property
     def secret_variable(self) -> str:
@@ -75,17 +83,23 @@ class WebhookEndpoint:
         return secret_variable(self.name)
 
 
+def destination_name(endpoint: str) -> str:
+    """The destination of the webhooks to the endpoint named `endpoint`."""
+    return f"webhook:{endpoint}"
+
+
 def secret_variable(name: str) -> str:
     return "OUTBOX_WEBHOOK_SECRET_" + name.upper().replace("-", "_")
 
 
-def register_endpoint(name: str, url: str, *, secret: str | None = None) -> WebhookEndpoint:
-    """Add an endpoint; registering the same declaration again is harmless. ValueError names the field."""
+def register_endpoint(name: str, url: str, *, secret: str | None = None, rate: str | None = None) -> WebhookEndpoint:
+    """Add an endpoint; registering the same declaration again is harmless. ValueError names the field.
+    `rate`: the most webhooks a unit of time all executors together send it (`10/s`, `600/min`)."""
     check_name(name)
     check_url(name, url)
     if secret is not None:
         check_secrets(name, secret, "the secret given to register_endpoint")
-    endpoint = WebhookEndpoint(name, url, secret)
+    endpoint = WebhookEndpoint(name, url, secret, parse_rate(rate, "rate") if rate is not None else None)
     known = _ENDPOINTS.get(name)
     if known is not None and known != endpoint:
         raise ValueError(f"name: a webhook endpoint named {name!r} is already registered with another url or secret")

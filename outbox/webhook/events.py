@@ -28,7 +28,7 @@ from outbox.event_payload import checked_event, parts, split_checked
 from outbox.intake import enqueue, enqueue_async, held_action, held_action_async
 from outbox.requests import ActionRequest
 from outbox.store.caller import AsyncConn, SyncConnection
-from outbox.webhook.endpoints import endpoint_named
+from outbox.webhook.endpoints import destination_name, endpoint_named
 from outbox.webhook.kind import WEBHOOK
 from outbox.webhook.message import InvalidBody, body
 
@@ -114,15 +114,17 @@ def event_of(payload: Any) -> tuple[WebhookEvent, dict[str, Any]]:
     return event_named(name), event
 
 
-def check_payload(payload: Any) -> None:
+def check_payload(payload: Any) -> str:
     """The WEBHOOK kind's payload check at enqueue: `{"event_type": name, "event": {...}}` and nothing else,
-    the event type registered in this process and its `params` accepting the event; InvalidRequest otherwise."""
+    the event type registered in this process and its `params` accepting the event; InvalidRequest otherwise.
+    Returns the action's destination, its event's endpoint: `webhook:<endpoint>`."""
     name, event = split_checked(payload, "WEBHOOK")
     try:
         definition = event_named(name)
     except UnknownEvent as unknown:
         raise InvalidRequest("payload.event_type", str(unknown)) from None
     checked_event(definition.name, event, definition.params)
+    return destination_name(definition.endpoint)
 
 
 def prepared(definition: WebhookEvent, event: dict[str, Any], rows: Sequence[Mapping[str, Any]]) -> bytes | None:

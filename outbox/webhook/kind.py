@@ -8,7 +8,8 @@ deduplicates by it, as the Standard Webhooks specification asks, keeps one effec
 sent. It may run at instance level or in a workspace: each webhook event decides. Its retries wait the
 schedule webhook senders use: immediately, then 5 s, 5 min, 30 min, 2 h, 5 h, 10 h and 10 h (eight
 attempts in about 28 hours). Migration 0011 writes the same declaration as WEBHOOK's row of
-`agent_action_kind`.
+`agent_action_kind`. An action's destination is its event's endpoint, `webhook:<endpoint>` (the payload
+check returns it); `webhook` alone holds the actions enqueued before destinations existed.
 """
 
 from __future__ import annotations
@@ -24,5 +25,6 @@ WEBHOOK = ActionKind.register(
     instance_level=True,
     payload_check="outbox.webhook.events:check_payload",
     retry_schedule=RETRY_SCHEDULE,
+    destination="webhook",
 )
 ActionKind.WEBHOOK = WEBHOOK

@@ -1,0 +1,149 @@
+"""An executor's side of destinations: the claims held destinations allow, and what its attempts tell of them.
+
+    start ──adapters' `rates`──▶ ExecutorStore.set_rates                  (agent_destination.rate, burst)
+    sweep ──▶ refresh: the held destinations (paused, broken, paced, rated) of this executor's kinds
+    claim ──▶ the plain claim skips every held destination (in its own statement)
+          ──▶ claim(): for each held destination whose time has come, CLAIM_DESTINATION_HEADS ─▶ the
+              seconds until it may allow more (its pause's end, its probe, its next token): `wake_at`
+    result ──SlowDown──▶ slow_down: pause and lower the pace for every executor; the action waits the pause
+           ──Retry────▶ the destination's run of failures; BREAK_FAILURES of them over `break_seconds` with
+                        no success: broken (one probe every `probe_seconds`)
+           ──Done─────▶ the run ends; a broken destination is mended
+
+The numbers are outbox.executor.pacing's. An adapter names its destinations and their configured rates in an
+optional `rates` property (name: Rate or None); the executor writes them when it starts, so the replicas
+share the rate of the one that started last. Each change this executor makes (paused, broken, mended, and
+resumed when a pause it made ends) goes to `Outcomes.destination` (a log line, and the drain's Prefect events).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import math
+from collections.abc import Iterable, Mapping
+
+from outbox.executor.adapter import ActionAdapter
+from outbox.executor.claimed import ClaimedAction
+from outbox.executor.config import ExecutorConfig
+from outbox.executor.outcomes import DestinationChange, Outcomes
+from outbox.executor.pacing import BREAK_FAILURES, PACE, SLOW_DOWN
+from outbox.executor.results import Done, Result, Retry, SlowDown
+from outbox.executor.store import ExecutorStore
+from outbox.rates import Rate
+
+log = logging.getLogger("outbox.executor")
+
+
+def adapter_rates(adapters: Iterable[ActionAdapter]) -> dict[str, tuple[str, float | None, float]]:
+    """Each destination the adapters name: its kind, configured rate (attempts a second) and burst."""
+    found: dict[str, tuple[str, float | None, float]] = {}
+    for adapter in adapters:
+        rates: Mapping[str, Rate | None] = getattr(adapter, "rates", {})
+        for name, rate in rates.items():
+            found[name] = (adapter.kind.name, rate.per_second if rate else None, rate.burst if rate else 1.0)
+    return found
+
+
+@dataclasses.dataclass
+class _Failing:
+    since: float
+    count: int = 0
+
+
+class Destinations:
+    def __init__(
+        self, store: ExecutorStore, adapters: Iterable[ActionAdapter], config: ExecutorConfig, outcomes: Outcomes
+    ) -> None:
+        self._store = store
+        self._rates = adapter_rates(adapters)
+        self._config = config
+        self._outcomes = outcomes
+        # the held destinations of this executor's kinds, as the last refresh found them: name -> broken
+        self._held: dict[str, bool] = {}
+        # when (loop time) each held destination may allow more
+        self._not_before: dict[str, float] = {}
+        self._failing: dict[str, _Failing] = {}
+        # the pauses this executor made that have not ended: name -> kind
+        self._paused: dict[str, str] = {}
+        # the earliest loop time a held destination may allow more: the loop wakes then
+        self.wake_at = math.inf
+
+    async def start(self) -> bool:
+        """Write the adapters' configured rates; True once written."""
+        await self._store.set_rates(self._rates)
+        return True
+
+    async def refresh(self, kinds: Iterable[str]) -> None:
+        """Read which destinations are held now."""
+        served = set(kinds)
+        rows = await self._store.held_destinations()
+        self._held = {name: broken for name, kind, broken in rows if kind in served}
+        for name in [name for name in self._paused if name not in self._held]:
+            self._change(name, self._paused.pop(name), "resumed", "its pause ended")
+
+    async def claim(self, limit: int, lease_seconds: float, kinds: list[str]) -> list[ClaimedAction]:
+        """Up to `limit` heads of the held destinations whose time has come, one statement each."""
+        loop = asyncio.get_running_loop()
+        claimed: list[ClaimedAction] = []
+        self.wake_at = math.inf
+        for name in self._held:
+            now = loop.time()
+            if limit - len(claimed) <= 0:
+                break
+            if self._not_before.get(name, 0.0) > now:
+                self.wake_at = min(self.wake_at, self._not_before[name])
+                continue
+            found, next_seconds = await self._store.claim_destination(
+                name, limit - len(claimed), lease_seconds, kinds, PACE | {"probe_seconds": self._config.probe_seconds}
+            )
+            claimed += found
+            if next_seconds is not None:
+                self._not_before[name] = now + min(next_seconds, self._config.poll_seconds)
+            elif not found:
+                self._not_before[name] = now + self._config.poll_seconds
+            else:
+                self._not_before.pop(name, None)
+            if name in self._not_before:
+                self.wake_at = min(self.wake_at, self._not_before[name])
+        return claimed
+
+    async def saw(self, action: ClaimedAction, result: Result) -> Result:
+        """What `result` tells of the action's destination, written for every executor; the result to record
+        (a SlowDown waits the destination's pause)."""
+        name = action.destination
+        if isinstance(result, SlowDown):
+            named = result.after if result.named else None
+            slowed = await self._store.slow_down(name, action.kind.name, named, result.reason, SLOW_DOWN)
+            self._held[name] = self._held.get(name, False)
+            self._not_before[name] = asyncio.get_running_loop().time() + max(0.0, slowed.pause_seconds)
+            if slowed.newly_paused:
+                self._paused[name] = action.kind.name
+                pace = f"; pace {slowed.pace:.3g}/s" if slowed.pace is not None else ""
+                self._change(name, action.kind.name, "paused", f"{result.reason}{pace}", slowed.pause_seconds)
+            return dataclasses.replace(result, after=max(0.0, slowed.pause_seconds))
+        if isinstance(result, Retry):
+            await self._failed(name, action.kind.name)
+        elif isinstance(result, Done):
+            self._failing.pop(name, None)
+            if self._held.get(name) and await self._store.mend_destination(name):
+                self._held[name] = False
+                self._change(name, action.kind.name, "mended", "an attempt succeeded")
+        return result
+
+    async def _failed(self, name: str, kind: str) -> None:
+        now = asyncio.get_running_loop().time()
+        failing = self._failing.setdefault(name, _Failing(now))
+        failing.count += 1
+        if self._held.get(name) or failing.count < BREAK_FAILURES or now - failing.since < self._config.break_seconds:
+            return
+        if await self._store.break_destination(name, kind, self._config.probe_seconds):
+            reason = f"{failing.count} attempts in {now - failing.since:.0f} s failed, none succeeded"
+            self._change(name, kind, "broken", reason)
+        self._held[name] = True
+        self._not_before[name] = now + self._config.probe_seconds
+        del self._failing[name]
+
+    def _change(self, name: str, kind: str, change: str, reason: str, seconds: float | None = None) -> None:
+        self._outcomes.destination(DestinationChange(name, kind, change, reason, seconds))

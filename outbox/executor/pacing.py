@@ -1,0 +1,44 @@
+"""The numbers of a destination's pause, pace and breaker, shared by every executor through the database.
+
+Pause. A provider's slow-down (outbox.executor.results.SlowDown) pauses its destination: for the wait the
+provider named (a Retry-After), else PAUSE_BASE_SECONDS doubling with each slow-down in a row, up to
+PAUSE_CAP_SECONDS. The slow-downs of attempts that were claimed before the pause, and answered during it,
+change nothing (but for a longer wait the provider names). No executor claims for a paused destination.
+
+Pace. The same slow-down lowers the destination's pace to DECREASE of what it was: the pace then, else its
+configured rate, else the attempts it accepted a second over the last MEASURE_SECONDS (when it accepted
+none, it gets no pace: the pause alone), at most once in SETTLE_SECONDS, never below MIN_PACE. From there the pace rises by RISE of itself a
+second (at least MIN_RISE attempts a second, a second), so it climbs back to the provider's limit and finds
+it again: additive increase, multiplicative decrease. A pace not lowered for PACE_HOLD_SECONDS is over; the
+destination is open again. With a configured rate the lower of the two holds.
+
+Breaker. An executor that saw only failed attempts (a Retry: refused, reset, 5xx, no answer) to a destination
+for `ExecutorConfig.break_seconds` (30 s), at least BREAK_FAILURES of them, marks it broken: no executor
+claims for it but one probe every `ExecutorConfig.probe_seconds` (15 s; the probe's attempt counts as any
+other); the first attempt that succeeds mends it.
+"""
+
+from __future__ import annotations
+
+PAUSE_BASE_SECONDS = 0.5
+PAUSE_CAP_SECONDS = 300.0
+DECREASE = 0.9
+MEASURE_SECONDS = 2.0
+SETTLE_SECONDS = 1.0
+MIN_PACE = 0.1
+RISE = 0.01
+MIN_RISE = 0.1
+PACE_HOLD_SECONDS = 600.0
+
+BREAK_FAILURES = 5
+
+# the parameters of the pace in outbox.store.destinations' statements
+PACE = {"rise": RISE, "min_rise": MIN_RISE, "pace_hold": PACE_HOLD_SECONDS}
+SLOW_DOWN = PACE | {
+    "base": PAUSE_BASE_SECONDS,
+    "cap": PAUSE_CAP_SECONDS,
+    "decrease": DECREASE,
+    "measure": MEASURE_SECONDS,
+    "settle": SETTLE_SECONDS,
+    "min_pace": MIN_PACE,
+}

@@ -1,0 +1,211 @@
+"""The statements of destinations: the claims a held destination allows, the slow-down, the breaker, the
+rates the executors set, and the operator's view and commands.
+
+    executor start ─▶ SET_RATES, CLEAR_RATES                 (the configured rates, for all executors)
+    every sweep   ─▶ HELD_DESTINATIONS                       (the rows that hold a destination back)
+    claim         ─▶ CLAIM_READY_HEADS (outbox.store.executor) skips every destination HELD names;
+                     CLAIM_DESTINATION_HEADS claims for one held destination: as many heads as its tokens,
+                     one probe of a broken one at its probe time, none while it is paused
+    slow-down     ─▶ ADD_DESTINATION, SLOW_DOWN              (pause; lower the pace)
+    breaker       ─▶ ADD_DESTINATION, BREAK; MEND            (broken since; a probe that succeeded)
+    operator      ─▶ DESTINATIONS (the list), ADD_DESTINATION, PAUSE, RESUME
+
+A destination without a row is open. The pace, the pause and the breaker are described with their numbers
+in outbox.executor.pacing; every time is the database clock.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import text
+
+from outbox.store.executor import CLAIMED_COLUMNS, HELD
+
+HELD_DESTINATIONS = text(f"""
+SELECT name, kind, broken_since IS NOT NULL AS broken FROM agent_destination WHERE {HELD} ORDER BY name
+""")
+
+ADD_DESTINATION = text("""
+INSERT INTO agent_destination (name, kind) VALUES (:name, :kind) ON CONFLICT (name) DO NOTHING
+""")
+
+# the rates configured in an executor's settings; the burst is the tokens its bucket holds at most
+SET_RATES = text("""
+INSERT INTO agent_destination AS d (name, kind, rate, burst, tokens)
+SELECT r.name, r.kind, r.rate, r.burst, r.burst
+  FROM unnest(CAST(:names AS text[]), CAST(:kinds AS text[]), CAST(:rates AS float8[]), CAST(:bursts AS float8[]))
+       AS r (name, kind, rate, burst)
+ON CONFLICT (name) DO UPDATE SET rate = excluded.rate, burst = excluded.burst, updated_at = now()
+ WHERE (d.rate, d.burst) IS DISTINCT FROM (excluded.rate, excluded.burst)
+""")
+CLEAR_RATES = text("""
+UPDATE agent_destination SET rate = NULL, updated_at = now()
+ WHERE name = ANY (CAST(:names AS text[])) AND rate IS NOT NULL
+""")
+
+# The pace now: the pace as lowered, risen since by `:rise` of itself a second (at least `:min_rise`); a pace
+# unlowered for `:pace_hold` seconds is over (null).
+_PACE_NOW = """CASE WHEN {t}.pace IS NULL OR now() - {t}.pace_at > make_interval(secs => :pace_hold) THEN NULL
+     ELSE {t}.pace + greatest({t}.pace * :rise, :min_rise) * extract(epoch FROM now() - {t}.pace_at) END"""
+
+# Heads of one held destination, as many as it allows now (its row locked FOR UPDATE: one executor at a time
+# takes its tokens): paused, none; broken, one probe when its probe time has come (the next is then
+# `:probe_seconds` later); paced, as many as its token bucket holds (the rate and the pace, whichever is
+# lower, refill it, up to its burst). Every row comes back with the seconds until the destination may allow
+# more (`next_seconds`: the end of its pause, its probe time, or its next token when the tokens, not the due
+# heads, ran out; else null), and the claimed action's columns (null when none).
+CLAIM_DESTINATION_HEADS = text(f"""
+WITH locked AS MATERIALIZED (
+    SELECT * FROM agent_destination WHERE name = :name FOR UPDATE
+), found AS MATERIALIZED (
+    SELECT l.name, l.paused_until > now() AS paused, l.broken_since IS NOT NULL AS broken, l.probe_at,
+           l.paused_until, {_PACE_NOW.format(t="l")} AS pace_now, l.rate, l.burst, l.tokens, l.tokens_at
+      FROM locked AS l
+), priced AS MATERIALIZED (
+    SELECT f.*, least(coalesce(f.rate, 'infinity'), coalesce(f.pace_now, 'infinity')) AS per_second FROM found AS f
+), allowed AS MATERIALIZED (
+    SELECT p.*,
+           CASE WHEN p.paused THEN 0
+                WHEN p.broken THEN CASE WHEN p.probe_at IS NULL OR p.probe_at <= now() THEN 1 ELSE 0 END
+                WHEN p.per_second = 'infinity' THEN :limit
+                ELSE least(p.burst, p.tokens + p.per_second * extract(epoch FROM now() - p.tokens_at)) END
+           AS available
+      FROM priced AS p
+), heads AS MATERIALIZED (
+    SELECT a.id FROM agent_action AS a
+     WHERE a.lane_head AND a.state = 'ADMITTED' AND a.due_at <= now() AND a.destination = :name
+       AND a.kind = ANY (CAST(:kinds AS text[])) AND (a.expires_at IS NULL OR a.expires_at > now())
+     ORDER BY a.due_at
+     LIMIT coalesce((SELECT least(:limit, floor(available))::int FROM allowed), 0)
+     FOR NO KEY UPDATE SKIP LOCKED
+), claimed AS (
+    UPDATE agent_action AS a
+       SET state = 'EXECUTING', epoch = a.epoch + 1, attempt = a.attempt + 1,
+           lease_expires_at = now() + make_interval(secs => :lease_seconds)
+      FROM heads WHERE a.id = heads.id
+    RETURNING {CLAIMED_COLUMNS}
+), taken AS MATERIALIZED (
+    SELECT count(*) AS n FROM claimed
+), spent AS (
+    UPDATE agent_destination AS d
+       SET tokens = CASE WHEN g.per_second = 'infinity' OR g.paused OR g.broken THEN d.tokens
+                         ELSE g.available - (SELECT n FROM taken) END,
+           tokens_at = CASE WHEN g.per_second = 'infinity' OR g.paused OR g.broken THEN d.tokens_at ELSE now() END,
+           pace = CASE WHEN g.pace_now IS NULL THEN NULL ELSE d.pace END,
+           pace_at = CASE WHEN g.pace_now IS NULL THEN NULL ELSE d.pace_at END,
+           probe_at = CASE WHEN g.broken AND (SELECT n FROM taken) > 0
+                           THEN now() + make_interval(secs => :probe_seconds) ELSE d.probe_at END
+      FROM allowed AS g
+     WHERE d.name = g.name
+)
+SELECT c.*,
+       CASE WHEN g.paused THEN extract(epoch FROM g.paused_until - now())
+            WHEN g.broken THEN greatest(0, extract(epoch FROM coalesce(g.probe_at, now()) - now()))
+            WHEN g.per_second = 'infinity' OR (SELECT n FROM taken) < floor(g.available) THEN NULL
+            ELSE greatest(0, 1 - (g.available - (SELECT n FROM taken))) / g.per_second END::float8 AS next_seconds
+  FROM allowed AS g LEFT JOIN claimed AS c ON true
+""")
+
+# A provider's slow-down (its row made first by ADD_DESTINATION). While a pause lasts, the slow-downs of the
+# attempts claimed before it change nothing but for a longer wait the provider names. Otherwise the pause is
+# the provider's wait, or `:base` seconds doubling with each slow-down in a row (one within twice its pause
+# after the last pause ended), at most `:cap`; and the pace is lowered to `:decrease` of what it was (the pace
+# now; the configured rate; else the attempts it accepted a second over the last `:measure` seconds; none
+# accepted, no pace: the pause alone), at most once in `:settle` seconds, never below `:min_pace`. An
+# operator's pause stays the operator's.
+SLOW_DOWN = text(f"""
+WITH found AS MATERIALIZED (
+    SELECT d.*, d.paused_until > now() AS paused,
+           d.paused_until IS NOT NULL AND now() < d.paused_until + make_interval(
+               secs => 2 * least(:cap, :base * 2 ^ least(greatest(d.slow_downs - 1, 0), 30))) AS in_a_row,
+           {_PACE_NOW.format(t="d")} AS pace_now
+      FROM agent_destination AS d WHERE d.name = :name FOR UPDATE
+), measured AS MATERIALIZED (
+    SELECT f.*,
+           CASE WHEN f.paused THEN f.slow_downs WHEN f.in_a_row THEN f.slow_downs + 1 ELSE 1 END AS streak,
+           NOT f.paused AND (f.pace_at IS NULL OR now() - f.pace_at >= make_interval(secs => :settle)) AS settled,
+           coalesce(f.pace_now, f.rate, nullif((
+               SELECT count(*) / CAST(:measure AS float8) FROM agent_action AS a
+                WHERE a.ended_at > now() - make_interval(secs => :measure) AND a.destination = f.name
+                  AND a.state = 'DONE'), 0)) AS pace_was
+      FROM found AS f
+), counted AS MATERIALIZED (
+    SELECT m.*, m.settled AND m.pace_was IS NOT NULL AS lowers FROM measured AS m
+)
+UPDATE agent_destination AS d
+   SET slow_downs = c.streak,
+       paused_until = CASE
+           WHEN c.paused AND CAST(:after AS float8) IS NULL THEN d.paused_until
+           ELSE greatest(d.paused_until, now() + make_interval(secs => coalesce(
+               CAST(:after AS float8), least(:cap, :base * 2 ^ least(c.streak - 1, 30))))) END,
+       paused_by = CASE WHEN c.paused AND d.paused_by = 'operator' THEN 'operator' ELSE 'provider' END,
+       pause_reason = CASE WHEN c.paused AND d.paused_by = 'operator' THEN d.pause_reason
+                           ELSE left(:reason, 500) END,
+       pace = CASE WHEN c.lowers THEN greatest(:min_pace, :decrease * c.pace_was) ELSE d.pace END,
+       pace_at = CASE WHEN c.lowers THEN now() ELSE d.pace_at END,
+       tokens = CASE WHEN c.lowers THEN 0 ELSE d.tokens END,
+       tokens_at = CASE WHEN c.lowers THEN now() ELSE d.tokens_at END,
+       updated_at = now()
+  FROM counted AS c
+ WHERE d.name = c.name
+RETURNING d.paused_until, extract(epoch FROM d.paused_until - now())::float8 AS pause_seconds, d.pace,
+          NOT c.paused AS newly_paused
+""")
+
+# Every attempt failed for the breaker's window: the destination is broken; its first probe comes
+# `:probe_seconds` later. `newly`: it was not broken before.
+BREAK = text("""
+UPDATE agent_destination AS d
+   SET broken_since = coalesce(d.broken_since, now()),
+       probe_at = coalesce(d.probe_at, now() + make_interval(secs => :probe_seconds)), updated_at = now()
+  FROM (SELECT name, broken_since IS NULL AS newly FROM agent_destination WHERE name = :name FOR UPDATE) AS old
+ WHERE d.name = old.name
+RETURNING old.newly
+""")
+
+# An attempt succeeded (a probe, or any attempt that was in flight): the destination is no longer broken.
+MEND = text("""
+UPDATE agent_destination SET broken_since = NULL, probe_at = NULL, updated_at = now()
+ WHERE name = :name AND broken_since IS NOT NULL
+RETURNING name
+""")
+
+# ---- the operator's ------------------------------------------------------------------------------
+
+# Every destination that has a row or a live action: its row, and its actions not ended (waiting: PROPOSED
+# or ADMITTED; due: ready lane heads; executing).
+DESTINATIONS = text(f"""
+WITH live AS (
+    SELECT destination AS name, kind,
+           count(*) FILTER (WHERE state IN ('PROPOSED', 'ADMITTED')) AS waiting,
+           count(*) FILTER (WHERE state = 'ADMITTED' AND lane_head AND due_at <= now()) AS due,
+           count(*) FILTER (WHERE state = 'EXECUTING') AS executing
+      FROM agent_action
+     WHERE state IN ('PROPOSED', 'ADMITTED', 'EXECUTING')
+     GROUP BY destination, kind
+)
+SELECT coalesce(d.name, l.name) AS name, coalesce(d.kind, l.kind) AS kind,
+       d.paused_until > now() AS paused, d.paused_until, d.paused_by, d.pause_reason, d.broken_since, d.rate,
+       {_PACE_NOW.format(t="d")} AS pace,
+       coalesce(l.waiting, 0) AS waiting, coalesce(l.due, 0) AS due, coalesce(l.executing, 0) AS executing
+  FROM agent_destination AS d FULL JOIN live AS l ON l.name = d.name
+ ORDER BY 2, 1
+""")
+
+PAUSE = text("""
+UPDATE agent_destination
+   SET paused_until = CASE WHEN CAST(:seconds AS float8) IS NULL THEN 'infinity'
+                           ELSE now() + make_interval(secs => :seconds) END,
+       paused_by = 'operator', pause_reason = left(:reason, 500), updated_at = now()
+ WHERE name = :name
+RETURNING paused_until
+""")
+
+# An operator's resume: open again, paused by nobody, not broken, the learned pace forgotten (a configured
+# rate stays)
+RESUME = text("""
+UPDATE agent_destination
+   SET paused_until = NULL, paused_by = NULL, pause_reason = NULL, slow_downs = 0, broken_since = NULL,
+       probe_at = NULL, pace = NULL, pace_at = NULL, updated_at = now()
+ WHERE name = :name
+RETURNING name
+""")
