@@ -6,11 +6,11 @@ PAUSE_CAP_SECONDS. The slow-downs of attempts that were claimed before the pause
 change nothing (but for a longer wait the provider names). No executor claims for a paused destination.
 
 Pace. The same slow-down lowers the destination's pace to DECREASE of what it was: the pace then, else its
-configured rate, else the attempts it accepted a second over the last MEASURE_SECONDS (when it accepted
-none, it gets no pace: the pause alone), at most once in SETTLE_SECONDS, never below MIN_PACE. From there the pace rises by RISE of itself a
-second (at least MIN_RISE attempts a second, a second), so it climbs back to the provider's limit and finds
-it again: additive increase, multiplicative decrease. A pace not lowered for PACE_HOLD_SECONDS is over; the
-destination is open again. With a configured rate the lower of the two holds.
+configured rate, else the attempts it accepted a second over the last MEASURE_SECONDS (when it accepted none,
+it gets no pace: the pause alone), at most once in SETTLE_SECONDS, never below MIN_PACE. From there the pace
+rises by RISE of itself a second (at least MIN_RISE attempts a second, a second), so it climbs back to the
+provider's limit and finds it again: additive increase, multiplicative decrease. A pace not lowered for
+PACE_HOLD_SECONDS is over; the destination is open again. With a configured rate the lower of the two holds.
 
 Breaker. An executor that saw only failed attempts (a Retry: refused, reset, 5xx, no answer) to a destination
 for `ExecutorConfig.break_seconds` (30 s), at least BREAK_FAILURES of them, marks it broken: no executor
