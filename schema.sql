@@ -440,7 +440,7 @@ CREATE TABLE public.agent_destination (
     probe_at timestamp with time zone,
     updated_at timestamp with time zone DEFAULT now() NOT NULL,
     CONSTRAINT ck_agent_destination_burst CHECK (((burst >= (1)::double precision) AND (burst <= (1000000)::double precision))),
-    CONSTRAINT ck_agent_destination_name CHECK ((name ~ '^[a-z0-9][a-z0-9_.:-]{0,79}$'::text)),
+    CONSTRAINT ck_agent_destination_name CHECK ((name ~ '^[a-z0-9_][a-z0-9_.:-]{0,79}$'::text)),
     CONSTRAINT ck_agent_destination_pace CHECK ((pace > (0)::double precision)),
     CONSTRAINT ck_agent_destination_pause_reason CHECK ((char_length(pause_reason) <= 500)),
     CONSTRAINT ck_agent_destination_paused_by CHECK ((paused_by = ANY (ARRAY['provider'::text, 'operator'::text]))),
@@ -536,7 +536,7 @@ ALTER TABLE ONLY public.agent_maintenance
 --
 
 ALTER TABLE public.agent_action
-    ADD CONSTRAINT ck_agent_action_destination CHECK (((destination ~ '^[a-z0-9][a-z0-9_.:-]{0,79}$'::text) OR ((destination IS NULL) AND (ended_at IS NOT NULL)))) NOT VALID;
+    ADD CONSTRAINT ck_agent_action_destination CHECK (((destination ~ '^[a-z0-9_][a-z0-9_.:-]{0,79}$'::text) OR ((destination IS NULL) AND (ended_at IS NOT NULL)))) NOT VALID;
 
 --
 -- Name: agent_action ck_agent_action_trace_context; Type: CHECK CONSTRAINT; Schema: public; Owner: -

@@ -43,12 +43,12 @@ PayloadCheck = Callable[[Any], object]
 # agent_action_kind checks the same rule (ck_agent_action_kind_name).
 _NAME = re.compile(r"[A-Z0-9_]*[A-Z][A-Z0-9_]*")
 # A destination's name; agent_destination and agent_action check the same rule (revision 0017).
-_DESTINATION = re.compile(r"[a-z0-9][a-z0-9_.:-]{0,79}")
+_DESTINATION = re.compile(r"[a-z0-9_][a-z0-9_.:-]{0,79}")
 
 
 def is_destination_name(name: object) -> bool:
     """Whether `name` may name a destination: 1 to 80 lower case letters, digits, `_`, `-`, `.` and `:`,
-    starting with a letter or digit."""
+    not starting with `-`, `.` or `:`."""
     return isinstance(name, str) and _DESTINATION.fullmatch(name) is not None
 
 

@@ -39,6 +39,7 @@ READABLE = {
     "trace",
     "trace_context",
     "lane_head",
+    "destination",
 }
 PERSONAL = {"payload", "idempotency_key", "subject_account_id", "workspace_id", "readback_ref"}
 OUTBOX_TABLES = (

@@ -35,8 +35,9 @@ depends_on = None
 # other kind's name in lower case): what an action inserted without one goes to
 KIND_DESTINATION = "CASE {kind} WHEN 'EMAIL' THEN 'smtp' WHEN 'NATS_EVENT' THEN 'nats' ELSE lower({kind}) END"
 
-# a destination's name: lower case letters, digits, `_`, `-`, `.` and `:`, starting with a letter or digit
-NAME_PATTERN = "^[a-z0-9][a-z0-9_.:-]{0,79}$"
+# a destination's name: 1 to 80 lower case letters, digits, `_`, `-`, `.` and `:`, starting with a letter, a
+# digit or `_` (a kind's name in lower case may start with `_`)
+NAME_PATTERN = "^[a-z0-9_][a-z0-9_.:-]{0,79}$"
 
 UPGRADE = f"""
 ALTER TABLE agent_action
