@@ -17,8 +17,9 @@ webhooks do, every answer but 2xx is retried (a redirect is never followed; it c
 |                                                              | ` receiver-id=<id>` for a short printable `id` |
 |                                                              | in a JSON answer                               |
 | 410 Gone                                                     | Failed PROVIDER_REFUSED, at once               |
-| 429 or 503 with Retry-After (seconds or an HTTP date)        | Defer, the wait clamped to 1 s .. 1 h          |
-| 429 or 503 without a readable Retry-After                    | Defer, a backoff: 1 s doubling to 5 min        |
+| 429 or 503 with Retry-After (seconds or an HTTP date)        | SlowDown: the endpoint pauses for the wait,    |
+|                                                              | clamped to 1 s .. 1 h                          |
+| 429 or 503 without a readable Retry-After                    | SlowDown: the endpoint pauses, a backoff       |
 | 3xx (not followed), any other 4xx, 5xx                       | Retry (the schedule)                           |
 | refused, DNS failure, connect timeout, TLS handshake failure | Retry: nothing was sent                        |
 | timeout, reset or protocol error once the request was sent   | Retry with the same webhook-id; at the        |
@@ -26,10 +27,11 @@ webhooks do, every answer but 2xx is retried (a redirect is never followed; it c
 |                                                              | PROVIDER_UNCERTAIN (Failed would claim the    |
 |                                                              | receiver holds nothing)                       |
 
-429 and 503 ask the sender to slow down: the receiver took nothing, so the attempt does not count. Without a
-Retry-After the wait is `outbox.executor.backoff.slow_down_delay` of the action's earlier uncounted claims
-(`attempt.uncounted_claims()`): short at first, doubling while the receiver keeps refusing, never above 5
-minutes, with jitter.
+429 and 503 ask the sender to slow down: the receiver took nothing, so the attempt does not count, and the
+endpoint's destination (`webhook:<endpoint>`) pauses for every executor (outbox.executor.pacing): for the
+Retry-After, or else 0.5 s doubling while the receiver keeps refusing, never above 5 minutes; its pace is
+lowered too. After 20 such deferrals of one action a slow-down counts as an attempt, so a receiver that
+answers 429 for ever still lets the action end.
 
 An attempt whose answer was lost after the request was sent notes `answer_lost` in the trace: at the last
 attempt, any answer that would be a Retry (nothing sent this time, a 5xx) ends Uncertain PROVIDER_UNCERTAIN
