@@ -110,7 +110,8 @@ class ExecutorStore:
     executor's engine, timeouts included) on first use, in autocommit, and kept: a claim or a group commit
     costs one round trip and no pool checkout. A lost connection, or a call with no answer within
     CALL_SECONDS, raises psycopg's OperationalError (an own fault, `outbox.faults.own_database_fault`); the
-    next call opens a new connection.
+    next call opens a new connection. The executor's loop and its attempts share the connection, so its
+    statements run one by one, never in a transaction that would take in another task's statements.
     """
 
     def __init__(self, url: str) -> None:
@@ -221,11 +222,10 @@ class ExecutorStore:
         its lowered pace (destinations.SLOW_DOWN)."""
 
         async def write(conn: psycopg.AsyncConnection[Any]) -> SlowedDown:
-            async with conn.transaction():
-                await _fetch(conn, destinations.ADD_DESTINATION, {"name": name, "kind": kind})
-                params = {"name": name, "after": after, "reason": reason, **pacing}
-                row = (await _fetch(conn, destinations.SLOW_DOWN, params))[0]
-                return SlowedDown(row.paused_until, row.pause_seconds, row.pace, row.newly_paused)
+            await _fetch(conn, destinations.ADD_DESTINATION, {"name": name, "kind": kind})
+            params = {"name": name, "after": after, "reason": reason, **pacing}
+            row = (await _fetch(conn, destinations.SLOW_DOWN, params))[0]
+            return SlowedDown(row.paused_until, row.pause_seconds, row.pace, row.newly_paused)
 
         return await self._bounded(write)
 
@@ -233,10 +233,9 @@ class ExecutorStore:
         """Mark `name` broken (its first probe `probe_seconds` later); whether it was not broken before."""
 
         async def write(conn: psycopg.AsyncConnection[Any]) -> bool:
-            async with conn.transaction():
-                await _fetch(conn, destinations.ADD_DESTINATION, {"name": name, "kind": kind})
-                rows = await _fetch(conn, destinations.BREAK, {"name": name, "probe_seconds": probe_seconds})
-                return bool(rows and rows[0].newly)
+            await _fetch(conn, destinations.ADD_DESTINATION, {"name": name, "kind": kind})
+            rows = await _fetch(conn, destinations.BREAK, {"name": name, "probe_seconds": probe_seconds})
+            return bool(rows and rows[0].newly)
 
         return await self._bounded(write)
 
