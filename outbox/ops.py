@@ -13,6 +13,7 @@ from sqlalchemy import Connection, TextClause
 
 from outbox import kind_rows
 from outbox.action import Action
+from outbox.destinations import Destination, destinations
 from outbox.errors import ActionNotFound, InvalidRequest
 from outbox.limits import MAX_PAGE
 from outbox.states import ActionState, StopReason
@@ -54,11 +55,13 @@ class Status:
     expired_leases: int
     uncertain_window_seconds: float
     uncertain: tuple[UncertainCount, ...]
+    # the destinations held back: paused, broken or paced (`outbox destinations` lists them all)
+    held_destinations: tuple[Destination, ...]
 
 
 def status(conn: Connection) -> Status:
     """Unended actions by state and kind, what is due now and what waits for its lane, lanes, leases, recent
-    UNCERTAIN actions."""
+    UNCERTAIN actions, the destinations held back."""
     unended = tuple(
         StateKindCount(ActionState(row.state), row.kind, row.actions)
         for row in conn.execute(store_ops.COUNT_UNENDED_BY_STATE_AND_KIND)
@@ -84,6 +87,7 @@ def status(conn: Connection) -> Status:
         expired_leases=conn.execute(store_ops.COUNT_EXPIRED_LEASES).scalar_one(),
         uncertain_window_seconds=window,
         uncertain=uncertain,
+        held_destinations=tuple(d for d in destinations(conn) if not d.is_open),
     )
 
 

@@ -202,10 +202,17 @@ async def test_deferrals_never_spend_attempts_and_wait_longer_each_time(
         found = stored(app, action_id)
         assert (found.state, found.attempt, found.epoch) == ("ADMITTED", 0, deferral + 1)
         pause = 0.5 * 2.0**deferral  # 0.5 s, 1 s, 2 s, ...: the relay's pause, which the email waits
-        assert pause - 0.5 < found.due_in <= pause
         with app.begin() as conn:
-            paused = conn.execute(text("SELECT extract(epoch FROM paused_until - now()) FROM agent_destination"))
-            assert pause - 0.5 < paused.scalar_one() <= pause
+            paused = conn.execute(
+                text(
+                    "SELECT slow_downs, extract(epoch FROM paused_until - now()) AS left_,"
+                    " extract(epoch FROM (SELECT due_at FROM agent_action) - paused_until) AS after_pause"
+                    " FROM agent_destination"
+                )
+            ).one()
+        # the slow-downs in a row (the pause is 0.5 s * 2 ** (n - 1)); the email is due as the pause ends
+        assert paused.slow_downs == deferral + 1 and paused.left_ <= pause
+        assert 0 <= paused.after_pause < 0.5 and found.due_in <= pause
         make_due(app, action_id)
     assert attempts_counted(app, "EMAIL", "DEFER") == 5
     sink.faults = Faults()

@@ -23,7 +23,7 @@ from typing import NoReturn
 import typer
 from typer.exceptions import TyperException
 
-from outbox.cli import changes, db, demo, metrics, nats, ops, prefect, run, worker
+from outbox.cli import changes, db, demo, destinations, metrics, nats, ops, prefect, run, worker
 from outbox.cli.help import WholeHelpGroup, help_width
 from outbox.cli.options import hide_passwords, printable, remember_passwords
 from outbox.errors import OutboxError
@@ -40,6 +40,7 @@ app = typer.Typer(
     help="Carry out effects reliably from PostgreSQL.",
 )
 app.add_typer(db.app, name="db", cls=WholeHelpGroup)
+app.add_typer(destinations.app, name="destinations", cls=WholeHelpGroup)
 app.add_typer(metrics.app, name="metrics", cls=WholeHelpGroup)
 app.add_typer(nats.app, name="nats", cls=WholeHelpGroup)
 app.add_typer(prefect.app, name="prefect", cls=WholeHelpGroup)

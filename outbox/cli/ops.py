@@ -34,11 +34,13 @@ def status(
     *,
     db: Database,
 ) -> None:
-    """Unended actions by state and kind, the oldest due action, lanes, leases, UNCERTAIN in the last 24 h."""
+    """Unended actions by state and kind, the oldest due action, lanes, leases, the destinations paused,
+    broken or paced, UNCERTAIN in the last 24 h."""
     from rich.table import Table
 
     from outbox import ops
     from outbox.cli.common import connect, format_age, out, print_json, print_table
+    from outbox.cli.destinations import state_text
 
     with connect(db, read_only=True) as conn:
         report = ops.status(conn)
@@ -63,6 +65,12 @@ def status(
         f"leases: {report.executing:,} executing, {report.expired_leases:,} expired",
         style="red" if report.expired_leases else None,
     )
+    for held in report.held_destinations:
+        out.print(
+            f"destination {printable(held.name)} ({printable(held.kind)}): {state_text(held)};"
+            f" {held.waiting:,} waiting",
+            style="red" if held.state in ("paused", "broken") else None,
+        )
     uncertain = sum(c.actions for c in report.uncertain)
     window = f"{report.uncertain_window_seconds / 3600:g} h"
     if not uncertain:

@@ -170,11 +170,13 @@ def parse_duration(option: str, value: str) -> timedelta:
     return timedelta(seconds=seconds)
 
 
-def duration(option: str) -> Callable[[str], str]:
-    """A typer callback that checks the duration option `option` while the command line is read."""
+def duration(option: str) -> Callable[[str | None], str | None]:
+    """A typer callback that checks the duration option `option` while the command line is read (an
+    option not given, None, is left to the command)."""
 
-    def check(value: str) -> str:
-        parse_duration(option, value)  # a ValueError naming the option: one line, exit 2
+    def check(value: str | None) -> str | None:
+        if value is not None:
+            parse_duration(option, value)  # a ValueError naming the option: one line, exit 2
         return value
 
     return check

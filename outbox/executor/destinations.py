@@ -28,7 +28,7 @@ from outbox.executor.adapter import ActionAdapter
 from outbox.executor.claimed import ClaimedAction
 from outbox.executor.config import ExecutorConfig
 from outbox.executor.outcomes import DestinationChange, Outcomes
-from outbox.executor.pacing import BREAK_FAILURES, PACE, SLOW_DOWN
+from outbox.executor.pacing import BREAK_FAILURES, PACE, PAUSE_CAP_SECONDS, SLOW_DOWN
 from outbox.executor.results import Done, Result, Retry, SlowDown
 from outbox.executor.store import ExecutorStore
 from outbox.rates import Rate
@@ -56,7 +56,11 @@ class Destinations:
     def __init__(
         self, store: ExecutorStore, adapters: Iterable[ActionAdapter], config: ExecutorConfig, outcomes: Outcomes
     ) -> None:
+        """`store`: the executor's own, for the claims and reads of its loop. What attempts tell (a slow-down,
+        a breaker, a mend) is written on a connection of its own, opened at the first such write: those are
+        transactions of two statements, which must not take in a claim the loop sends meanwhile."""
         self._store = store
+        self._writes = ExecutorStore(store.url)
         self._rates = adapter_rates(adapters)
         self._config = config
         self._outcomes = outcomes
@@ -69,6 +73,9 @@ class Destinations:
         self._paused: dict[str, str] = {}
         # the earliest loop time a held destination may allow more: the loop wakes then
         self.wake_at = math.inf
+
+    async def close(self) -> None:
+        await self._writes.close()
 
     async def start(self) -> bool:
         """Write the adapters' configured rates; True once written."""
@@ -115,19 +122,20 @@ class Destinations:
         name = action.destination
         if isinstance(result, SlowDown):
             named = result.after if result.named else None
-            slowed = await self._store.slow_down(name, action.kind.name, named, result.reason, SLOW_DOWN)
+            slowed = await self._writes.slow_down(name, action.kind.name, named, result.reason, SLOW_DOWN)
             self._held[name] = self._held.get(name, False)
             self._not_before[name] = asyncio.get_running_loop().time() + max(0.0, slowed.pause_seconds)
             if slowed.newly_paused:
                 self._paused[name] = action.kind.name
                 pace = f"; pace {slowed.pace:.3g}/s" if slowed.pace is not None else ""
                 self._change(name, action.kind.name, "paused", f"{result.reason}{pace}", slowed.pause_seconds)
-            return dataclasses.replace(result, after=max(0.0, slowed.pause_seconds))
+            # the action waits the pause; an operator's pause until resumed, the longest a slow-down waits
+            return dataclasses.replace(result, after=min(max(0.0, slowed.pause_seconds), PAUSE_CAP_SECONDS))
         if isinstance(result, Retry):
             await self._failed(name, action.kind.name)
         elif isinstance(result, Done):
             self._failing.pop(name, None)
-            if self._held.get(name) and await self._store.mend_destination(name):
+            if self._held.get(name) and await self._writes.mend_destination(name):
                 self._held[name] = False
                 self._change(name, action.kind.name, "mended", "an attempt succeeded")
         return result
@@ -138,7 +146,7 @@ class Destinations:
         failing.count += 1
         if self._held.get(name) or failing.count < BREAK_FAILURES or now - failing.since < self._config.break_seconds:
             return
-        if await self._store.break_destination(name, kind, self._config.probe_seconds):
+        if await self._writes.break_destination(name, kind, self._config.probe_seconds):
             reason = f"{failing.count} attempts in {now - failing.since:.0f} s failed, none succeeded"
             self._change(name, kind, "broken", reason)
         self._held[name] = True

@@ -28,7 +28,6 @@ import json
 import math
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any, TypeVar
 
 import psycopg
@@ -81,10 +80,9 @@ class WriteOutcome:
 
 @dataclass(frozen=True)
 class SlowedDown:
-    """What a slow-down left: the destination paused until when (and for how long from now), its pace, and
-    whether this slow-down paused it (not one that found it paused)."""
+    """What a slow-down left: the destination paused for how long from now (infinite: by an operator, until
+    resumed), its pace, and whether this slow-down paused it (not one that found it paused)."""
 
-    paused_until: datetime
     pause_seconds: float
     pace: float | None
     newly_paused: bool
@@ -115,7 +113,7 @@ class ExecutorStore:
     """
 
     def __init__(self, url: str) -> None:
-        self._url = url
+        self.url = url
         self._conn: psycopg.AsyncConnection[Any] | None = None
 
     async def close(self) -> None:
@@ -125,7 +123,7 @@ class ExecutorStore:
 
     async def _connection(self) -> psycopg.AsyncConnection[Any]:
         if self._conn is None or self._conn.closed:
-            self._conn = await connect_async(self._url, autocommit=True, row_factory=namedtuple_row)
+            self._conn = await connect_async(self.url, autocommit=True, row_factory=namedtuple_row)
         return self._conn
 
     async def _rows(self, statement: TextClause, params: dict[str, Any]) -> list[Any]:
@@ -225,7 +223,7 @@ class ExecutorStore:
             await _fetch(conn, destinations.ADD_DESTINATION, {"name": name, "kind": kind})
             params = {"name": name, "after": after, "reason": reason, **pacing}
             row = (await _fetch(conn, destinations.SLOW_DOWN, params))[0]
-            return SlowedDown(row.paused_until, row.pause_seconds, row.pace, row.newly_paused)
+            return SlowedDown(row.pause_seconds, row.pace, row.newly_paused)
 
         return await self._bounded(write)
 

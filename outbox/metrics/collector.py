@@ -48,6 +48,7 @@ from sqlalchemy.exc import DBAPIError
 from outbox import connection
 from outbox.connection import TCP_BOUNDS
 from outbox.db import fault_text, shown_url
+from outbox.destinations import Destination, destinations
 from outbox.executor.results import RESULT_NAMES
 from outbox.kinds import ActionKind
 from outbox.states import REASON_STATE
@@ -90,6 +91,8 @@ class Snapshot:
     lanes_by_depth: dict[int, int] = field(default_factory=dict)
     executors: int = 0
     last_purge: float | None = None
+    # every destination with a row or an action not ended
+    destinations: tuple[Destination, ...] = ()
 
 
 class NoAnswer(Exception):
@@ -276,6 +279,7 @@ def read_snapshot(conn: Connection) -> Snapshot:
     s.executors = conn.execute(sql.LIVE_EXECUTORS, {"seconds": EXECUTOR_SILENCE_SECONDS}).scalar_one()
     purge = conn.execute(sql.LAST_PURGE).first()
     s.last_purge = purge.at if purge is not None else None
+    s.destinations = destinations(conn)
     return s
 
 
@@ -362,6 +366,8 @@ def families(s: Snapshot) -> Iterable[Metric]:
     )
     yield from (with_backlog, deepest, depth)
 
+    yield from destination_families(s.destinations)
+
     executors = GaugeMetricFamily("outbox_executors", "Executors that beat in the last 30 seconds.")
     executors.add_metric([], s.executors)
     yield executors
@@ -371,6 +377,57 @@ def families(s: Snapshot) -> Iterable[Metric]:
         )
         purge.add_metric([], s.last_purge)
         yield purge
+
+
+def destination_families(found: Iterable[Destination]) -> Iterable[Metric]:
+    """Per destination (labels kind and destination: the names kinds and endpoints give, a bounded set): held
+    back or not, the configured rate and learned pace when it has them, and its actions waiting."""
+    labels = ["kind", "destination"]
+    paused = GaugeMetricFamily(
+        "outbox_destination_paused",
+        "1 while no executor claims for the destination (a provider's or an operator's pause).",
+        labels=labels,
+    )
+    broken = GaugeMetricFamily(
+        "outbox_destination_broken", "1 while the destination is broken: one probe at a time.", labels=labels
+    )
+    broken_seconds = GaugeMetricFamily(
+        "outbox_destination_broken_seconds",
+        "How long the destination has been broken, database clock (0: not broken).",
+        labels=labels,
+    )
+    rate = GaugeMetricFamily(
+        "outbox_destination_rate",
+        "The destination's configured rate, attempts a second (none: no series).",
+        labels=labels,
+    )
+    pace = GaugeMetricFamily(
+        "outbox_destination_pace",
+        "The pace the provider's slow-downs set, attempts a second, rising while it accepts (none: no series).",
+        labels=labels,
+    )
+    waiting = GaugeMetricFamily(
+        "outbox_destination_waiting_actions",
+        "The destination's actions not started (PROPOSED or ADMITTED).",
+        labels=labels,
+    )
+    oldest = GaugeMetricFamily(
+        "outbox_destination_oldest_due_age_seconds",
+        "How long the destination's oldest due lane head has waited to be claimed, database clock (0: none).",
+        labels=labels,
+    )
+    for d in found:
+        key = [d.kind, d.name]
+        paused.add_metric(key, 1 if d.state == "paused" else 0)
+        broken.add_metric(key, 1 if d.broken_since is not None else 0)
+        broken_seconds.add_metric(key, max(0.0, d.broken_seconds or 0.0))
+        if d.rate is not None:
+            rate.add_metric(key, d.rate)
+        if d.pace is not None:
+            pace.add_metric(key, d.pace)
+        waiting.add_metric(key, d.waiting)
+        oldest.add_metric(key, max(0.0, d.oldest_due_seconds))
+    yield from (paused, broken, broken_seconds, rate, pace, waiting, oldest)
 
 
 def _number(le: float) -> str:

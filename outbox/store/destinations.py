@@ -57,7 +57,7 @@ CLAIM_DESTINATION_HEADS = text(f"""
 WITH locked AS MATERIALIZED (
     SELECT * FROM agent_destination WHERE name = :name FOR UPDATE
 ), found AS MATERIALIZED (
-    SELECT l.name, l.paused_until > now() AS paused, l.broken_since IS NOT NULL AS broken, l.probe_at,
+    SELECT l.name, coalesce(l.paused_until > now(), false) AS paused, l.broken_since IS NOT NULL AS broken, l.probe_at,
            l.paused_until, {_PACE_NOW.format(t="l")} AS pace_now, l.rate, l.burst, l.tokens, l.tokens_at
       FROM locked AS l
 ), priced AS MATERIALIZED (
@@ -75,7 +75,7 @@ WITH locked AS MATERIALIZED (
      WHERE a.lane_head AND a.state = 'ADMITTED' AND a.due_at <= now() AND a.destination = :name
        AND a.kind = ANY (CAST(:kinds AS text[])) AND (a.expires_at IS NULL OR a.expires_at > now())
      ORDER BY a.due_at
-     LIMIT coalesce((SELECT least(:limit, floor(available))::int FROM allowed), 0)
+     LIMIT coalesce((SELECT greatest(0, least(:limit, floor(available)))::int FROM allowed), 0)
      FOR NO KEY UPDATE SKIP LOCKED
 ), claimed AS (
     UPDATE agent_action AS a
@@ -114,7 +114,7 @@ SELECT c.*,
 # operator's pause stays the operator's.
 SLOW_DOWN = text(f"""
 WITH found AS MATERIALIZED (
-    SELECT d.*, d.paused_until > now() AS paused,
+    SELECT d.*, coalesce(d.paused_until > now(), false) AS paused,
            d.paused_until IS NOT NULL AND now() < d.paused_until + make_interval(
                secs => 2 * least(:cap, :base * 2 ^ least(greatest(d.slow_downs - 1, 0), 30))) AS in_a_row,
            {_PACE_NOW.format(t="d")} AS pace_now
@@ -147,8 +147,7 @@ UPDATE agent_destination AS d
        updated_at = now()
   FROM counted AS c
  WHERE d.name = c.name
-RETURNING d.paused_until, extract(epoch FROM d.paused_until - now())::float8 AS pause_seconds, d.pace,
-          NOT c.paused AS newly_paused
+RETURNING extract(epoch FROM d.paused_until - now())::float8 AS pause_seconds, d.pace, NOT c.paused AS newly_paused
 """)
 
 # Every attempt failed for the breaker's window: the destination is broken; its first probe comes

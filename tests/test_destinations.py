@@ -1,0 +1,255 @@
+"""Destinations in the database: the name each action gets, the pace two executors hold together, a slow-down's
+pause and pace, the breaker's probes, and the plain claim that never waits for a held destination.
+
+    enqueue / raw INSERT ─▶ agent_action.destination (the kind's, or the payload check's)
+    two ExecutorStores ─claim_destination, concurrently─▶ claim times (lease_expires_at - lease) per 1 s window
+    slow_down / break_destination / mend_destination ─▶ agent_destination ─▶ what claim and claim_destination take
+
+The executors' own behaviour against real relays and receivers is in tests/test_throttled_relay.py,
+tests/test_postfix_relay.py and tests/test_webhook.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from sqlalchemy import Engine, text
+
+from outbox import ActionRequest, enqueue
+from outbox.db import conninfo
+from outbox.executor.pacing import PACE, PAUSE_BASE_SECONDS, SLOW_DOWN
+from outbox.executor.store import ExecutorStore
+from outbox.rates import MAX_PER_SECOND, Rate, parse_rate
+from tests import kinds
+
+LEASE = 300.0
+KINDS = [kinds.NOOP.name, kinds.READBACK.name]
+
+
+def insert_due(engine: Engine, n: int, kind: str = kinds.NOOP.name, prefix: str = "a") -> None:
+    """`n` due actions of `kind`, each alone in its lane (so each is its lane's head)."""
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO agent_action (kind, workspace_id, lane_key, idempotency_key, max_attempts, state)"
+                " SELECT :kind, CASE WHEN :kind = 'TEST_NOOP' THEN 1 END, :p || '-lane-' || g, :p || '-' || g, 5,"
+                " 'ADMITTED' FROM generate_series(1, :n) AS g"
+            ),
+            {"kind": kind, "n": n, "p": prefix},
+        )
+
+
+def run(coro: Any) -> Any:
+    return asyncio.run(coro)
+
+
+async def with_store(engine: Engine, work: Any) -> Any:
+    store = ExecutorStore(conninfo(engine))
+    try:
+        return await work(store)
+    finally:
+        await store.close()
+
+
+# -- names ---------------------------------------------------------------------------------------------
+
+
+def test_an_action_gets_its_kind_s_destination_and_a_raw_insert_too(engine: Engine) -> None:
+    with engine.begin() as conn:
+        request = ActionRequest(kind=kinds.NOOP, lane_key="l", idempotency_key="k", workspace_id=1, payload={})
+        action = enqueue(conn, request)
+    insert_due(engine, 1, kinds.READBACK.name)
+    with engine.connect() as conn:
+        found = dict(conn.execute(text("SELECT kind, destination FROM agent_action ORDER BY id")).all())
+    assert found == {"TEST_NOOP": "test_noop", "TEST_READBACK": "test_readback"}
+    assert action.id is not None
+
+
+def test_a_live_action_always_has_a_destination_of_the_pattern(engine: Engine) -> None:
+    with engine.begin() as conn:
+        for bad in ("", "Smtp", "-x", "a b", "x" * 81):
+            with pytest.raises(Exception, match="ck_agent_action_destination"), conn.begin_nested():
+                conn.execute(
+                    text(
+                        "INSERT INTO agent_action (kind, workspace_id, lane_key, idempotency_key, max_attempts,"
+                        " state, destination) VALUES ('TEST_NOOP', 1, 'l', :key, 5, 'ADMITTED', :bad)"
+                    ),
+                    {"bad": bad, "key": f"k-{bad}"},
+                )
+
+
+# -- rates -----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("value", "per_second"), [("14/s", 14.0), ("600/min", 10.0), ("3600/h", 1.0), (" 2.5 / sec ", 2.5)]
+)
+def test_a_rate_is_attempts_a_unit_of_time(value: str, per_second: float) -> None:
+    assert parse_rate(value, "OUTBOX_SMTP_RATE") == Rate(per_second)
+
+
+@given(st.one_of(st.text(max_size=60), st.integers(), st.none(), st.floats()))
+def test_any_other_value_is_refused_naming_the_setting(value: Any) -> None:
+    try:
+        rate = parse_rate(value, "OUTBOX_SMTP_RATE")
+    except ValueError as error:
+        assert str(error).startswith("OUTBOX_SMTP_RATE: ")
+        assert "\n" not in str(error)
+    else:
+        assert 0 < rate.per_second <= MAX_PER_SECOND and rate.burst >= 1
+
+
+# -- the pace, held by two executors together -------------------------------------------------------------
+
+RATE = 20.0
+BURST = 2.0
+
+
+def test_two_executors_together_never_exceed_the_rate_plus_the_burst(engine: Engine) -> None:
+    insert_due(engine, 400)
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO agent_destination (name, kind, rate, burst, tokens)"
+                " VALUES ('test_noop', 'TEST_NOOP', :rate, :burst, :burst)"
+            ),
+            {"rate": RATE, "burst": BURST},
+        )
+
+    async def claimer(stop: asyncio.Event) -> int:
+        async def loop(store: ExecutorStore) -> int:
+            taken = 0
+            while not stop.is_set():
+                claimed, wait = await store.claim_destination("test_noop", 5, LEASE, KINDS, PACE | {"probe_seconds": 1})
+                taken += len(claimed)
+                await asyncio.sleep(min(wait or 0.01, 0.05))  # an executor wakes when the next token is due
+            return taken
+
+        result: int = await with_store(engine, loop)
+        return result
+
+    async def both() -> list[int]:
+        stop = asyncio.Event()
+        tasks = [asyncio.create_task(claimer(stop)) for _ in range(2)]
+        await asyncio.sleep(3.0)  # the span measured, not a synchronisation
+        stop.set()
+        return list(await asyncio.gather(*tasks))
+
+    taken = run(both())
+    with engine.connect() as conn:
+        times = [
+            float(t)
+            for t in conn.execute(
+                text(
+                    "SELECT extract(epoch FROM lease_expires_at - make_interval(secs => :lease)) FROM agent_action"
+                    " WHERE state = 'EXECUTING' ORDER BY 1"
+                ),
+                {"lease": LEASE},
+            ).scalars()
+        ]
+    assert sum(taken) == len(times) and all(taken), taken  # both executors claimed
+    worst = max(sum(1 for u in times if t <= u < t + 1.0) for t in times)
+    assert worst <= RATE + BURST, worst
+    span = times[-1] - times[0]
+    assert len(times) >= RATE * span * 0.8, (len(times), span)  # and the rate is used, not starved
+
+
+# -- a slow-down -------------------------------------------------------------------------------------------
+
+
+def destination(engine: Engine, name: str = "test_noop") -> Any:
+    with engine.connect() as conn:
+        return conn.execute(
+            text(
+                "SELECT extract(epoch FROM paused_until - now()) AS paused_for, paused_by, pause_reason, pace,"
+                " slow_downs, broken_since IS NOT NULL AS broken FROM agent_destination WHERE name = :name"
+            ),
+            {"name": name},
+        ).one()
+
+
+def test_a_slow_down_pauses_doubles_in_a_row_and_ignores_the_attempts_already_in_flight(engine: Engine) -> None:
+    async def slow(store: ExecutorStore, after: float | None = None) -> Any:
+        return await store.slow_down("test_noop", "TEST_NOOP", after, "mail: 454; slow down", SLOW_DOWN)
+
+    first = run(with_store(engine, slow))
+    assert first.newly_paused and 0 < first.pause_seconds <= PAUSE_BASE_SECONDS
+    assert first.pace is None  # nothing was accepted lately: the pause alone
+    again = run(with_store(engine, slow))  # an attempt claimed before the pause, refused during it
+    assert not again.newly_paused and again.pause_seconds <= first.pause_seconds
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE agent_destination SET paused_until = now()"))  # the pause is over
+    second = run(with_store(engine, slow))
+    assert second.newly_paused and PAUSE_BASE_SECONDS < second.pause_seconds <= 2 * PAUSE_BASE_SECONDS
+    named = run(with_store(engine, lambda store: slow(store, 30.0)))  # the provider names a longer wait
+    assert 29 < named.pause_seconds <= 30
+    found = destination(engine)
+    assert (found.paused_by, found.slow_downs, found.pause_reason) == ("provider", 2, "mail: 454; slow down")
+
+
+def test_a_slow_down_lowers_the_pace_from_what_the_provider_accepted(engine: Engine) -> None:
+    insert_due(engine, 40)
+    with engine.begin() as conn:  # 40 accepted in the last 2 s: 20 a second
+        conn.execute(
+            text(
+                "UPDATE agent_action SET state = 'EXECUTING', epoch = 1, attempt = 1,"
+                " lease_expires_at = now() + interval '5 min'"
+            )
+        )
+        conn.execute(text("UPDATE agent_action SET state = 'DONE', stop_reason = 'CONFIRMED'"))
+    slowed = run(with_store(engine, lambda s: s.slow_down("test_noop", "TEST_NOOP", None, "421", SLOW_DOWN)))
+    assert slowed.pace == pytest.approx(0.9 * 20)
+
+
+def test_an_operator_s_pause_stays_the_operator_s(engine: Engine) -> None:
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO agent_destination (name, kind, paused_until, paused_by, pause_reason)"
+                " VALUES ('test_noop', 'TEST_NOOP', 'infinity', 'operator', 'relay maintenance')"
+            )
+        )
+    run(with_store(engine, lambda s: s.slow_down("test_noop", "TEST_NOOP", 5.0, "429", SLOW_DOWN)))
+    found = destination(engine)
+    assert (found.paused_by, found.pause_reason, found.paused_for) == ("operator", "relay maintenance", float("inf"))
+
+
+# -- what the claims take ----------------------------------------------------------------------------------
+
+
+def test_the_plain_claim_skips_a_held_destination_and_takes_every_other(engine: Engine) -> None:
+    insert_due(engine, 30, kinds.NOOP.name, "noop")
+    insert_due(engine, 30, kinds.READBACK.name, "readback")
+    run(with_store(engine, lambda s: s.slow_down("test_noop", "TEST_NOOP", 60.0, "429", SLOW_DOWN)))
+
+    async def claims(store: ExecutorStore) -> tuple[set[str], list[Any], float | None]:
+        plain = await store.claim(100, LEASE, KINDS)
+        held, wait = await store.claim_destination("test_noop", 100, LEASE, KINDS, PACE | {"probe_seconds": 1})
+        return {a.kind.name for a in plain} | {f"n={len(plain)}"}, held, wait
+
+    plain, held, wait = run(with_store(engine, claims))
+    assert plain == {"TEST_READBACK", "n=30"}
+    assert held == [] and wait is not None and 59 < wait <= 60  # paused: nothing, and when to look again
+
+
+def test_a_broken_destination_allows_one_probe_at_a_time_until_mended(engine: Engine) -> None:
+    insert_due(engine, 10)
+
+    async def broken(store: ExecutorStore) -> list[int]:
+        assert await store.break_destination("test_noop", "TEST_NOOP", 0.0)
+        assert not await store.break_destination("test_noop", "TEST_NOOP", 0.0)  # already broken
+        taken = []
+        for _ in range(3):
+            claimed, _ = await store.claim_destination("test_noop", 10, LEASE, KINDS, PACE | {"probe_seconds": 60})
+            taken.append(len(claimed))
+        assert await store.mend_destination("test_noop")
+        claimed, _ = await store.claim_destination("test_noop", 10, LEASE, KINDS, PACE | {"probe_seconds": 60})
+        taken.append(len(claimed))
+        return taken
+
+    # one probe, then none until its probe time (60 s later), then, mended, all the rest
+    assert run(with_store(engine, broken)) == [1, 0, 0, 9]
