@@ -95,7 +95,7 @@ class Destinations:
         loop = asyncio.get_running_loop()
         claimed: list[ClaimedAction] = []
         self.wake_at = math.inf
-        for name in self._held:
+        for name in list(self._held):  # attempts may add to it meanwhile
             now = loop.time()
             if limit - len(claimed) <= 0:
                 break

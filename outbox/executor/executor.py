@@ -178,8 +178,9 @@ class Executor:
                     self.config.poll_seconds,
                     max(0.0, next_sweep - loop.time()),
                     deadline - loop.time(),
-                    max(0.0, self._destinations.wake_at - loop.time()),
                 )
+                if self._free_slots() > 0:  # a held destination may allow more then
+                    timeout = min(timeout, max(0.0, self._destinations.wake_at - loop.time()))
                 if gathering:
                     timeout = min(timeout, gather_until - loop.time())
                 with contextlib.suppress(TimeoutError):
@@ -309,9 +310,18 @@ class Executor:
             f"{action.kind.name} attempt", action.id, action.trace_context, self._span_attributes(action)
         ) as span:
             result = await self._result_of(attempt)
-            result = await self._tried(self._destinations.saw(action, result)) or result
+            result = await self._told_destinations(action, result)
             write, recorded = await self._record(attempt, result, started)
             span.finish(*_span_outcome(attempt, result, write, recorded=recorded))
+
+    async def _told_destinations(self, action: ClaimedAction, result: Result) -> Result:
+        """The result after its destination heard it (outbox.executor.destinations): a SlowDown waits the
+        pause it wrote. A failure to write it never changes the result: the action waits its own backoff."""
+        try:
+            return await self._destinations.saw(action, result)
+        except Exception as error:
+            log.warning("destination %s: what an attempt told of it was not written: %s", action.destination, error)
+            return result
 
     def _span_attributes(self, action: ClaimedAction) -> dict[str, tracing.AttributeValue]:
         """What an attempt's span says from its start: never the lane key, which may name a person."""
