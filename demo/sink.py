@@ -9,9 +9,10 @@ as soon as its content arrived, also when the connection is then dropped or stal
 relay may deliver such a message: that is what makes the at-most-once rule matter.
 
 Each message kept carries the sink's wall-clock times of its MAIL FROM and of its content's arrival, so a
-test can tell whether two writes to one lane were in flight at once. `on_rcpt`, when set, is called (in
-the sink's thread) with the session and the address before each RCPT TO is answered: the chaos runner
-uses it to freeze the sending process at a chosen moment.
+test can tell whether two writes to one lane were in flight at once. `on_mail` and `on_rcpt`, when set, are
+called (in the sink's thread) with the session (and the address) before each MAIL FROM and RCPT TO is
+answered; a reply they return is answered instead. The chaos runner uses `on_rcpt` to freeze the sending
+process at a chosen moment; tests/throttling_relay.py uses both to throttle and greylist.
 """
 
 from __future__ import annotations
@@ -71,6 +72,9 @@ class _Handler:
     ) -> str:
         if self.sink.faults.mail:
             return self.sink.faults.mail
+        refused = self.sink.on_mail(session) if self.sink.on_mail is not None else None
+        if refused:
+            return refused
         envelope.mail_from = address
         envelope.mail_at = time.time()  # type: ignore[attr-defined]
         return "250 OK"
@@ -78,9 +82,8 @@ class _Handler:
     async def handle_RCPT(
         self, server: SmtpServer, session: Session, envelope: Envelope, address: str, options: list[str]
     ) -> str:
-        if self.sink.on_rcpt is not None:
-            self.sink.on_rcpt(session, address)
-        reply = self.sink.faults.rcpt.get(address)
+        refused = self.sink.on_rcpt(session, address) if self.sink.on_rcpt is not None else None
+        reply = refused or self.sink.faults.rcpt.get(address)
         if reply:
             return reply
         if self.sink.faults.flaky and self.sink.rng.random() < self.sink.faults.flaky / 2:
@@ -163,7 +166,8 @@ class SmtpSink:
         self.faults = faults or Faults()
         self.rng = random.Random(seed)
         self.received: list[Received] = []
-        self.on_rcpt: Callable[[Session, str], None] | None = None
+        self.on_mail: Callable[[Session], str | None] | None = None
+        self.on_rcpt: Callable[[Session, str], str | None] | None = None
         self.data_arrived = threading.Event()
         self._lock = threading.Lock()
         self._credentials = credentials

@@ -83,3 +83,24 @@ def prefect_post(prefect_url: str, path: str, body: dict[str, Any]) -> Any:
     with SyncPrefectClient(f"{prefect_url}/api") as client:
         response = client.request("POST", path, json=body)  # type: ignore[arg-type]  # a route with its ids
     return response.json() if response.content else None
+
+
+def enqueue_verify_emails(engine: Engine, emails: int, lanes: int) -> list[str]:
+    """The example application's tables, `lanes` accounts (user<n>@example.com, one lane each) and `emails`
+    verify-address emails dealt over them in turn, enqueued in one statement; their idempotency keys."""
+    from examples.accounts import notices, schema
+    from outbox.intake import enqueue_many
+
+    requests = [
+        notices.VERIFY_ADDRESS.request({"account_id": n % lanes + 1, "request": n // lanes + 1}) for n in range(emails)
+    ]
+    with engine.begin() as conn:
+        schema.create(conn)
+        conn.execute(
+            text(
+                "INSERT INTO app_account SELECT g, 'Account ' || g, 'user' || g || '@example.com', false"
+                " FROM generate_series(1, :lanes) AS g"
+            ),
+            {"lanes": lanes},
+        )
+        return [action.idempotency_key for action in enqueue_many(conn, requests)]
