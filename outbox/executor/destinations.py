@@ -80,6 +80,9 @@ class Destinations:
     async def start(self) -> bool:
         """Write the adapters' configured rates; True once written."""
         await self._store.set_rates(self._rates)
+        for name, (kind, rate, burst) in sorted(self._rates.items()):
+            if rate is not None:
+                log.info("destination %s (%s): %g a second, burst %g, for all executors", name, kind, rate, burst)
         return True
 
     async def refresh(self, kinds: Iterable[str]) -> None:
