@@ -21,7 +21,18 @@ from tests.test_executor_results import enqueue, row
 
 Cli = Callable[..., CliResult]
 NOOP = kinds.NOOP.name
-OPERATOR_COMMANDS = ["status", "lanes", "show", "list", "admit", "refuse", "cancel", "erase-account", "purge"]
+OPERATOR_COMMANDS = [
+    "status",
+    "lanes",
+    "show",
+    "list",
+    "admit",
+    "refuse",
+    "cancel",
+    "erase-account",
+    "purge",
+    "destinations",
+]
 
 
 def ok(result: CliResult) -> CliResult:
@@ -238,5 +249,5 @@ def test_bad_input_is_one_line_and_changes_nothing(engine: Engine, cli: Cli, arg
 
 
 def test_the_operator_commands_are_registered() -> None:
-    registered = {command.name for command in app.registered_commands}
+    registered = {command.name for command in app.registered_commands} | {g.name for g in app.registered_groups}
     assert set(OPERATOR_COMMANDS) <= registered

@@ -210,7 +210,7 @@ def test_no_label_holds_a_lane_key_an_id_or_free_text(engine: Engine) -> None:
     labels = {
         name for family in text_string_to_metric_families(exposition) for s in family.samples for name in s.labels
     }
-    assert labels <= {"kind", "result", "recorded", "state", "reason", "le"}
+    assert labels <= {"kind", "result", "recorded", "state", "reason", "le", "destination"}
 
 
 def test_promtool_finds_nothing_to_fix(engine: Engine) -> None:

@@ -1,0 +1,57 @@
+"""The statements `outbox destinations`, `outbox status` and the metrics read destinations with
+(outbox.destinations runs them), beside the executors' and the operator's own in outbox.store.destinations.
+
+    DESTINATION_ROWS       every destination with a row or an action not ended, as they read it
+    LIVE_DESTINATION_KIND  the kind a pause of a destination without a row gives it
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import text
+
+from outbox.store.destinations import _PACE_NOW
+
+# Every destination that has a row or an action not ended: its row; its actions waiting (PROPOSED or ADMITTED,
+# on ix_agent_action_state_created), due (ready lane heads) and executing (ux_agent_action_lane_executing);
+# an operator's pause until resumed (its paused_until is 'infinity', which no client clock holds) as
+# `until_resumed`; how long a broken one has been broken; its pace now (`:rise`, `:min_rise`, `:pace_hold`
+# of outbox.executor.pacing); and the age of its oldest due head (ADMITTED, not expired: what the claim
+# takes when the destination allows; ix_agent_action_ready), the wait an action's expires_at bounds.
+DESTINATION_ROWS = text(f"""
+WITH live AS (
+    SELECT destination AS name, kind, count(*) AS waiting,
+           count(*) FILTER (WHERE state = 'ADMITTED' AND lane_head AND due_at <= now()) AS due, 0 AS executing
+      FROM agent_action WHERE state IN ('PROPOSED', 'ADMITTED') GROUP BY destination, kind
+    UNION ALL
+    SELECT destination, kind, 0, 0, count(*) FROM agent_action WHERE state = 'EXECUTING' GROUP BY destination, kind
+), counted AS (
+    SELECT name, kind, sum(waiting)::bigint AS waiting, sum(due)::bigint AS due, sum(executing)::bigint AS executing
+      FROM live GROUP BY name, kind
+), oldest AS (
+    SELECT destination AS name, kind, extract(epoch FROM now() - min(due_at))::float8 AS oldest_due_seconds
+      FROM agent_action
+     WHERE lane_head AND state = 'ADMITTED' AND due_at <= now() AND (expires_at IS NULL OR expires_at > now())
+     GROUP BY destination, kind
+), found AS (
+    SELECT coalesce(d.name, l.name) AS name, coalesce(d.kind, l.kind) AS kind,
+           coalesce(d.paused_until > now(), false) AS paused, d.paused_until, d.paused_by, d.pause_reason,
+           d.broken_since, d.rate, {_PACE_NOW.format(t="d")} AS pace,
+           coalesce(l.waiting, 0) AS waiting, coalesce(l.due, 0) AS due, coalesce(l.executing, 0) AS executing
+      FROM agent_destination AS d FULL JOIN counted AS l ON l.name = d.name
+)
+SELECT f.name, f.kind, f.paused, CASE WHEN isfinite(f.paused_until) THEN f.paused_until END AS paused_until,
+       f.paused AND NOT isfinite(f.paused_until) AS until_resumed, f.paused_by, f.pause_reason, f.broken_since,
+       extract(epoch FROM now() - f.broken_since)::float8 AS broken_seconds, f.rate, f.pace, f.waiting, f.due,
+       f.executing, coalesce(o.oldest_due_seconds, 0) AS oldest_due_seconds
+  FROM found AS f LEFT JOIN oldest AS o ON o.name = f.name AND o.kind = f.kind
+ ORDER BY f.kind, f.name
+""")
+
+# the kind of a live action that names a destination (an operator's pause of a destination without a row): the
+# actions not started on ix_agent_action_state_created, the executing ones on ux_agent_action_lane_executing
+LIVE_DESTINATION_KIND = text("""
+SELECT kind FROM agent_action WHERE state IN ('PROPOSED', 'ADMITTED') AND destination = :name GROUP BY kind
+UNION
+SELECT kind FROM agent_action WHERE state = 'EXECUTING' AND destination = :name GROUP BY kind
+ ORDER BY 1 LIMIT 1
+""")
