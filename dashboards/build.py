@@ -291,6 +291,46 @@ def overview() -> dashboard.Dashboard:
                 Query(f"sum(outbox_expired_leases{{{KIND}}})", "lease expired"),
             )
         )
+        .with_row(dashboard.Row("Destinations"))
+        .with_panel(
+            graph(
+                "Destinations paused or broken",
+                "short",
+                Query(f"max by (destination) (outbox_destination_paused{{{KIND}}})", "{{destination}} paused"),
+                Query(f"max by (destination) (outbox_destination_broken{{{KIND}}})", "{{destination}} broken"),
+                description="1 while no executor claims for the destination (a provider's slow-down or an"
+                " operator's pause), or while it is broken (one probe at a time). `outbox destinations` lists"
+                f" them with the reason; see [the runbook]({RUNBOOK}-destination-paused).",
+            )
+        )
+        .with_panel(
+            graph(
+                "Destination rate and pace",
+                "ops",
+                Query(f"max by (destination) (outbox_destination_rate{{{KIND}}})", "{{destination}} rate"),
+                Query(f"max by (destination) (outbox_destination_pace{{{KIND}}})", "{{destination}} pace"),
+                description="The configured rate all executors hold together, and the pace a provider's"
+                " slow-downs set (it rises again while the provider accepts); attempts a second.",
+            )
+        )
+        .with_panel(
+            graph(
+                "Waiting actions by destination",
+                "short",
+                Query(f"sum by (destination) (outbox_destination_waiting_actions{{{KIND}}})", "{{destination}}"),
+                description="Actions not started (PROPOSED or ADMITTED), by where they go.",
+            )
+        )
+        .with_panel(
+            graph(
+                "Oldest due action by destination",
+                "s",
+                Query(f"max by (destination) (outbox_destination_oldest_due_age_seconds{{{KIND}}})", "{{destination}}"),
+                description="How long the oldest due lane head of each destination has waited to be claimed:"
+                " a paused or broken destination's grows. An action waits at most until its expires_at; see"
+                f" [the runbook]({RUNBOOK}-destination-backlog).",
+            )
+        )
         .with_row(dashboard.Row("Emails to decide on"))
         .with_panel(
             table.Panel()
@@ -500,6 +540,49 @@ ALERTS = [
         "Actions stay EXECUTING after their lease expired and no executor takes them back: their lanes are "
         "blocked. `outbox status` shows the expired leases and whether executors run.",
         "expired-leases",
+    ),
+    Alert(
+        "outbox-destination-paused",
+        "OutboxDestinationPaused",
+        # a provider that keeps slowing down pauses the destination again as soon as a pause ends: the window
+        # bridges the moments between two pauses
+        "max by (kind, destination) (max_over_time(outbox_destination_paused[2m]))",
+        "gt",
+        0,
+        "15m",
+        "ticket",
+        "Destination {{ $labels.destination }} has been paused for 15 minutes",
+        "No executor has claimed a {{ $labels.kind }} action for {{ $labels.destination }} for 15 minutes: an "
+        "operator paused it, or its provider keeps asking to slow down. `outbox destinations` says who paused "
+        "it, until when and why.",
+        "destination-paused",
+    ),
+    Alert(
+        "outbox-destination-broken",
+        "OutboxDestinationBroken",
+        "max by (kind, destination) (outbox_destination_broken_seconds)",
+        "gt",
+        600,
+        "0m",
+        "page",
+        "Destination {{ $labels.destination }} has been broken for 10 minutes",
+        "Every attempt to {{ $labels.destination }} failed, and every probe for 10 minutes since: its "
+        "{{ $labels.kind }} actions wait. Check the provider; `outbox destinations` shows since when.",
+        "destination-broken",
+    ),
+    Alert(
+        "outbox-destination-backlog",
+        "OutboxDestinationBacklog",
+        "max by (kind, destination) (outbox_destination_oldest_due_age_seconds)",
+        "gt",
+        1800,
+        "5m",
+        "ticket",
+        "Actions for {{ $labels.destination }} have waited more than 30 minutes",
+        "The oldest due {{ $labels.kind }} action for {{ $labels.destination }} has waited 30 minutes to be "
+        "claimed: the destination is held back (paused, broken, or paced below what arrives). An action whose "
+        "expires_at passes while it waits ends CANCELLED (EXPIRED) and never runs.",
+        "destination-backlog",
     ),
 ]
 

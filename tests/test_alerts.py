@@ -63,6 +63,12 @@ FAILED = 'action_ended_total{kind="EMAIL",state="FAILED",reason="PROVIDER_REFUSE
 WEBHOOK_DONE = 'action_ended_total{kind="WEBHOOK",state="DONE",reason="CONFIRMED"}'
 EVENT_UNCERTAIN = 'action_ended_total{kind="NATS_EVENT",state="UNCERTAIN",reason="PROVIDER_UNCERTAIN"}'
 WEBHOOK_FAILED = 'action_ended_total{kind="WEBHOOK",state="FAILED",reason="ATTEMPTS_EXHAUSTED"}'
+SMTP_PAUSED = 'outbox_destination_paused{kind="EMAIL",destination="smtp"}'
+HOOK_PAUSED = 'outbox_destination_paused{kind="WEBHOOK",destination="webhook:billing"}'
+HOOK_BROKEN = 'outbox_destination_broken_seconds{kind="WEBHOOK",destination="webhook:billing"}'
+SMTP_BROKEN = 'outbox_destination_broken_seconds{kind="EMAIL",destination="smtp"}'
+SMTP_DUE_AGE = 'outbox_destination_oldest_due_age_seconds{kind="EMAIL",destination="smtp"}'
+NATS_DUE_AGE = 'outbox_destination_oldest_due_age_seconds{kind="NATS_EVENT",destination="nats"}'
 
 # alert ──▶ (firing, quiet); every alert's `noDataState` is asserted in NO_DATA
 SCENARIOS: dict[str, tuple[Scenario, Scenario]] = {
@@ -110,6 +116,23 @@ SCENARIOS: dict[str, tuple[Scenario, Scenario]] = {
         {'outbox_expired_leases{kind="EMAIL"}': constant(1), 'outbox_expired_leases{kind="TEST"}': constant(0)},
         {'outbox_expired_leases{kind="EMAIL"}': constant(0), 'outbox_expired_leases{kind="TEST"}': constant(0)},
     ),
+    # paused for half an hour, once open for a moment between two pauses; the quiet one paused for 8 minutes
+    "OutboxDestinationPaused": (
+        {
+            SMTP_PAUSED: lambda m: 1.0 if m >= -30 and m != -10 else 0.0,
+            HOOK_PAUSED: constant(0),
+        },
+        {SMTP_PAUSED: lambda m: 1.0 if -40 <= m <= -32 else 0.0, HOOK_PAUSED: constant(0)},
+    ),
+    # broken for 20 minutes; the quiet one was broken for 5 minutes, then mended
+    "OutboxDestinationBroken": (
+        {HOOK_BROKEN: lambda m: max(0.0, (m + 20) * 60.0), SMTP_BROKEN: constant(0)},
+        {HOOK_BROKEN: lambda m: (m + 30) * 60.0 if -30 <= m <= -25 else 0.0, SMTP_BROKEN: constant(0)},
+    ),
+    "OutboxDestinationBacklog": (
+        {SMTP_DUE_AGE: rising(60), NATS_DUE_AGE: constant(0)},
+        {SMTP_DUE_AGE: constant(60), NATS_DUE_AGE: constant(0)},
+    ),
 }
 # what a rule says when its query returns nothing: an executor or exporter that vanished pages
 NO_DATA = {
@@ -122,6 +145,9 @@ NO_DATA = {
     "OutboxEffectUncertain": "Normal",
     "OutboxEffectFailed": "Normal",
     "OutboxExpiredLeases": "Normal",
+    "OutboxDestinationPaused": "Normal",
+    "OutboxDestinationBroken": "Normal",
+    "OutboxDestinationBacklog": "Normal",
 }
 EMPTY_AT = BASE  # no sample exists before the first window
 

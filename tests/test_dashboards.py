@@ -31,7 +31,9 @@ from demo.sink import Faults, SmtpSink
 from examples.accounts import notices, schema
 from outbox.email import EmailAdapter, SmtpSettings, enqueue_email
 from outbox.executor import Executor
+from outbox.store import destinations as store_destinations
 from tests.support import insert_ended, until
+from tests.test_destinations_operator import pace_lowered
 from tests.test_reader_role import reader_login
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -322,6 +324,11 @@ async def test_every_panel_query_returns_data_from_a_real_prometheus(
         await email_workload(engine, aengine, sink)
     finally:
         sink.stop()
+    with engine.begin() as conn:  # for the destination panels: a rate and a pace the relay's slow-downs set
+        conn.execute(
+            store_destinations.SET_RATES, {"names": ["smtp"], "kinds": ["EMAIL"], "rates": [10.0], "bursts": [1.0]}
+        )
+        pace_lowered(conn, "smtp", "EMAIL")
     seen = scrapes(prometheus)
     until(lambda: scrapes(prometheus) >= seen + 2, what="two scrapes after the workload")
 
