@@ -7,6 +7,7 @@
                   ├─ once claiming, then every 30 s: the live view (flows.live): the attempts so far, the
                   │  backlog and the deepest lanes, in an artifact updated in place and a log line a minute
                   ├─ each action ended UNCERTAIN or FAILED, of any kind ──▶ one Prefect event
+                  ├─ each destination its executor paused, broke, mended or saw resume ──▶ one Prefect event
                   └─▶ one INFO summary line; a table artifact only when the run attempted something
 
 The relay. The deployment starts one run per schedule tick (every 300 s by default: 288 runs a day). A run
@@ -35,7 +36,9 @@ run), a stopped run is not replaced. Each run is a fresh subprocess, which is wh
 Events: `outbox.action.uncertain` and `outbox.action.failed`, one rule for every kind (an email, a webhook, an
 event). The resource is the action (`outbox.action.<id>`) with its kind, state and reason, and one label
 `outbox.trace.<field>` per field of the trace its adapter noted (an email's notice and Message-ID, a webhook's
-webhook-id, an event's Nats-Msg-Id); never a recipient or payload.
+webhook-id, an event's Nats-Msg-Id); never a recipient or payload. And `outbox.destination.paused`, `broken`,
+`mended` and `resumed`, for each change the run's executor made to a destination: the resource is the
+destination (`outbox.destination.<name>`) with its kind, the reason, and for a pause its seconds.
 """
 
 from __future__ import annotations
@@ -74,7 +77,7 @@ from outbox.db import async_engine, shown_database, sync_engine
 from outbox.executor import Executor, ExecutorConfig
 from outbox.executor.adapter import load_adapters
 from outbox.executor.config import DEFAULTS, start_line
-from outbox.executor.outcomes import EndedAction, Outcomes
+from outbox.executor.outcomes import DestinationChange, EndedAction, Outcomes
 from outbox.kind_rows import require_declared
 from outbox.nats.settings import NatsSettingsError
 from outbox.ops import lanes
@@ -174,6 +177,7 @@ async def _drain(
         await require_declared(engine, (adapter.kind for adapter in carried_out))
         logger.info("%s", start_line(executor.kinds, shown_database(url), config))
         executor.outcomes.listeners.append(emit_ended)
+        executor.outcomes.destination_listeners.append(emit_destination)
         started = asyncio.get_running_loop().time()
         watchers = [
             asyncio.create_task(_stop_on(stop_requested, executor, logger)),
@@ -370,6 +374,25 @@ def ended_resource(action: EndedAction) -> dict[str, str]:
     }
     for name, value in action.trace.items():
         resource[f"outbox.trace.{name}"] = value if isinstance(value, str) else json.dumps(value)
+    return resource
+
+
+def emit_destination(change: DestinationChange) -> None:
+    """One Prefect event for each change the executor made to a destination: paused, broken, mended, resumed."""
+    emit_event(event=f"outbox.destination.{change.change}", resource=destination_resource(change))
+
+
+def destination_resource(change: DestinationChange) -> dict[str, str]:
+    """The event's resource: the destination, its kind, why it changed, and how long a pause lasts."""
+    resource = {
+        "prefect.resource.id": f"outbox.destination.{change.name}",
+        "prefect.resource.name": f"{change.kind} destination {change.name}",
+        "outbox.kind": change.kind,
+        "outbox.destination": change.name,
+        "outbox.reason": change.reason,
+    }
+    if change.seconds is not None:
+        resource["outbox.seconds"] = f"{change.seconds:.3f}"
     return resource
 
 

@@ -42,11 +42,12 @@ class PrefectServer:
     def post(self, path: str, body: dict[str, Any]) -> Any:
         return prefect_post(self.url, path, body)
 
-    def events(self, flow_run_id: Any) -> list[dict[str, Any]]:
-        """The outbox events a flow run emitted (emit_event names the run as a related resource)."""
+    def events(self, flow_run_id: Any, prefix: str = "outbox.action.") -> list[dict[str, Any]]:
+        """The outbox events a flow run emitted (emit_event names the run as a related resource), those of
+        actions unless another `prefix` is given."""
         body = {
             "filter": {
-                "event": {"prefix": ["outbox.action."]},
+                "event": {"prefix": [prefix]},
                 "related": {"id": [f"prefect.flow-run.{flow_run_id}"]},
             },
             "limit": 50,

@@ -291,3 +291,76 @@ async def test_the_automation_notifies_once_per_event_through_a_webhook_block(
         async with get_client() as client:
             for automation in await client.read_automations_by_name(AUTOMATION):
                 await client.delete_automation(automation.id)
+
+
+class SlowedHook(WebhookEvent):
+    """A webhook whose receiver asks twice to slow down (429 with Retry-After: 1), then keeps it."""
+
+    name = "test.slowed"
+    endpoint = "prefect-slowed"
+    workspace_scoped = False
+
+    def params(self, event: dict[str, Any]) -> dict[str, Any]:
+        return {}
+
+    def compose(self, event: dict[str, Any], rows: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
+        return {"n": event["n"]}
+
+    def idempotency_key(self, event: dict[str, Any]) -> str:
+        return f"prefect-slowed:{event['n']}"
+
+    def lane_key(self, event: dict[str, Any]) -> str:
+        return f"prefect-slowed:{event['n']}"
+
+
+async def test_a_destination_its_receiver_slows_down_is_a_paused_then_a_resumed_event(
+    prefect_server: PrefectServer, engine: Engine, outbox_env: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The receiver answers 429 (Retry-After: 1) twice: the run's executor pauses the destination
+    `webhook:prefect-slowed` for every executor, and once the pause is over the webhook is delivered. Each
+    pause is one `outbox.destination.paused` event and the pause's end one `outbox.destination.resumed`, the
+    destination their resource, the receiver's answer their reason."""
+    monkeypatch.setattr(endpoint_registry, "_ENDPOINTS", {})
+    monkeypatch.setattr(event_registry, "_EVENTS", {})
+    secret = "whsec_" + base64.b64encode(b"s" * 32).decode()
+    monkeypatch.setenv("OUTBOX_WEBHOOK_SECRET_PREFECT_SLOWED", secret)
+    hooks = WebhookReceiver(secret, ["429 1", "429 1"]).start()
+    try:
+        register_endpoint("prefect-slowed", hooks.url)
+        definition = register_webhook(SlowedHook())
+        with engine.begin() as conn:
+            kept = enqueue_webhook(conn, definition, {"n": 1}).id
+        # a time, not a number of claims: the last pause's end is seen by a sweep after the delivery
+        state = await drain(max_seconds=15, adapters="outbox.webhook:webhook_adapters", return_state=True)
+        flow_run_id = state.state_details.flow_run_id
+        assert (await state.result())["by_result"] == {"DEFER": 2, "DONE": 1}
+    finally:
+        hooks.stop()
+    assert ended(engine, "DONE") == [kept] and len(hooks.deliveries()) == 1
+
+    name = "webhook:prefect-slowed"
+    found: list[dict[str, Any]] = []
+
+    def kept_events() -> bool:
+        found[:] = prefect_server.events(flow_run_id, prefix="outbox.destination.")
+        changes = [e["event"] for e in sorted(found, key=lambda e: str(e["occurred"]))]
+        return bool(changes) and changes[-1] == "outbox.destination.resumed"
+
+    until(kept_events, timeout=60, what="the run's destination events, the last a resume")
+    changes = [e["event"].rpartition(".")[2] for e in sorted(found, key=lambda e: str(e["occurred"]))]
+    assert set(changes) == {"paused", "resumed"} and changes.count("paused") >= changes.count("resumed"), changes
+    for event in found:
+        resource = event["resource"]
+        assert {k: v for k, v in resource.items() if k not in ("outbox.reason", "outbox.seconds")} == {
+            "prefect.resource.id": f"outbox.destination.{name}",
+            "prefect.resource.name": f"WEBHOOK destination {name}",
+            "outbox.kind": "WEBHOOK",
+            "outbox.destination": name,
+        }
+        assert f"prefect.flow-run.{flow_run_id}" in {r["prefect.resource.id"] for r in event["related"]}
+        if event["event"] == "outbox.destination.paused":
+            assert resource["outbox.reason"].startswith("429"), resource
+            assert 0 < float(resource["outbox.seconds"]) <= 1.0
+        else:
+            assert resource["outbox.reason"] == "its pause ended" and "outbox.seconds" not in resource
+        assert secret not in json.dumps(event)
