@@ -24,17 +24,23 @@ from prefect.blocks.notifications import CustomWebhookNotificationBlock
 from prefect.blocks.system import Secret
 from prefect.client.orchestration import get_client
 from sqlalchemy import Engine, text
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from demo.receiver import Receiver as WebhookReceiver
 from demo.sink import Faults, SmtpSink
 from demo.stack import ROOT
-from flows.drain import drain
+from flows.drain import drain, emit_destination
+from outbox.executor import ActionAttempt, Executor, ExecutorConfig, Result, Retry
+from outbox.store import executor as store_executor
 from outbox.webhook import WebhookEvent, enqueue_webhook, register_endpoint
 from outbox.webhook import endpoints as endpoint_registry
 from outbox.webhook import events as event_registry
 from outbox.webhook import register as register_webhook
+from tests import kinds
+from tests.adapters import ScriptedAdapter, fence_and_confirm
 from tests.prefect_server import PrefectServer
 from tests.support import until
+from tests.test_executor_results import enqueue
 from tests.test_flows import enqueue_alerts
 
 NOTIFY_FILE = ROOT / "deploy" / "prefect-notify.yaml"
@@ -364,3 +370,65 @@ async def test_a_destination_its_receiver_slows_down_is_a_paused_then_a_resumed_
         else:
             assert resource["outbox.reason"] == "its pause ended" and "outbox.seconds" not in resource
         assert secret not in json.dumps(event)
+
+
+async def test_a_destination_broken_then_mended_is_a_broken_and_a_mended_event(
+    prefect_server: PrefectServer, engine: Engine, aengine: AsyncEngine
+) -> None:
+    """The drain's destination listener on an executor whose attempts to `test_noop` all fail for its breaker's
+    window (shortened here): `outbox.destination.broken`, then, once a probe succeeds, `mended`."""
+    for n in range(6):
+        enqueue(engine, lane=f"broken-{n}")
+    calls = 0
+
+    async def failing_then_taken(attempt: ActionAttempt) -> Result:
+        nonlocal calls
+        calls += 1
+        if calls <= 12:  # two rounds of every lane: the breaker's window has passed by the second
+            return Retry("503: the receiver did not take it")
+        return await fence_and_confirm(attempt)
+
+    config = ExecutorConfig(break_seconds=0.001, probe_seconds=0.001)
+    executor = Executor(aengine, [ScriptedAdapter(kinds.NOOP, failing_then_taken)], config, listen=False)
+    executor.outcomes.destination_listeners.append(emit_destination)
+    for _ in range(40):
+        async with aengine.begin() as conn:
+            await conn.execute(store_executor.MAKE_WAITING_DUE)
+        await executor.run(until_idle=True)
+        if set(states(engine)) == {"DONE"}:
+            break
+    assert set(states(engine)) == {"DONE"}
+    assert [change for (_, change) in executor.outcomes.destinations] == ["broken", "mended"]
+
+    name = "test_noop"
+    found: list[dict[str, Any]] = []
+
+    def kept() -> bool:
+        body = {
+            "filter": {
+                "event": {"prefix": ["outbox.destination."]},
+                "resource": {"id": [f"outbox.destination.{name}"]},
+            },
+            "limit": 10,
+        }
+        found[:] = prefect_server.post("/events/filter", body)["events"]
+        return len(found) >= 2
+
+    until(kept, timeout=60, what="the broken and mended events")
+    by_event = {e["event"]: e["resource"] for e in found}
+    assert set(by_event) == {"outbox.destination.broken", "outbox.destination.mended"}
+    for event, resource in by_event.items():
+        reason = resource.pop("outbox.reason")
+        assert resource == {
+            "prefect.resource.id": f"outbox.destination.{name}",
+            "prefect.resource.name": f"TEST_NOOP destination {name}",
+            "outbox.kind": "TEST_NOOP",
+            "outbox.destination": name,
+        }
+        expected = "attempts in" if event.endswith("broken") else "an attempt succeeded"
+        assert expected in reason, reason
+
+
+def states(engine: Engine) -> list[str]:
+    with engine.connect() as conn:
+        return list(conn.execute(text("SELECT state FROM agent_action")).scalars())
