@@ -8,7 +8,7 @@ rates the executors set, and the operator's view and commands.
                      one probe of a broken one at its probe time, none while it is paused
     slow-down     ─▶ ADD_DESTINATION, SLOW_DOWN              (pause; lower the pace)
     breaker       ─▶ ADD_DESTINATION, BREAK; MEND            (broken since; a probe that succeeded)
-    operator      ─▶ DESTINATIONS (the list), ADD_DESTINATION, PAUSE, RESUME
+    operator      ─▶ ADD_DESTINATION, PAUSE, RESUME (the list: outbox.store.destination_rows)
 
 A destination without a row is open. The pace, the pause and the breaker are described with their numbers
 in outbox.executor.pacing; every time is the database clock.
@@ -170,33 +170,13 @@ RETURNING name
 
 # ---- the operator's ------------------------------------------------------------------------------
 
-# Every destination that has a row or a live action: its row, and its actions not ended (waiting: PROPOSED
-# or ADMITTED; due: ready lane heads; executing).
-DESTINATIONS = text(f"""
-WITH live AS (
-    SELECT destination AS name, kind,
-           count(*) FILTER (WHERE state IN ('PROPOSED', 'ADMITTED')) AS waiting,
-           count(*) FILTER (WHERE state = 'ADMITTED' AND lane_head AND due_at <= now()) AS due,
-           count(*) FILTER (WHERE state = 'EXECUTING') AS executing
-      FROM agent_action
-     WHERE state IN ('PROPOSED', 'ADMITTED', 'EXECUTING')
-     GROUP BY destination, kind
-)
-SELECT coalesce(d.name, l.name) AS name, coalesce(d.kind, l.kind) AS kind,
-       d.paused_until > now() AS paused, d.paused_until, d.paused_by, d.pause_reason, d.broken_since, d.rate,
-       {_PACE_NOW.format(t="d")} AS pace,
-       coalesce(l.waiting, 0) AS waiting, coalesce(l.due, 0) AS due, coalesce(l.executing, 0) AS executing
-  FROM agent_destination AS d FULL JOIN live AS l ON l.name = d.name
- ORDER BY 2, 1
-""")
-
 PAUSE = text("""
 UPDATE agent_destination
    SET paused_until = CASE WHEN CAST(:seconds AS float8) IS NULL THEN 'infinity'
                            ELSE now() + make_interval(secs => :seconds) END,
        paused_by = 'operator', pause_reason = left(:reason, 500), updated_at = now()
  WHERE name = :name
-RETURNING paused_until
+RETURNING name
 """)
 
 # An operator's resume: open again, paused by nobody, not broken, the learned pace forgotten (a configured
