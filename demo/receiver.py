@@ -3,7 +3,9 @@ of its own. The demo's verifies, deduplicates and fails a share of the first del
 every answer.
 
     POST ──▶ the next step of the receiver's script (none left: "ok") ──▶ every request kept in `seen`
-             (with `first_deliveries_only`, only a webhook-id's first delivery takes a step: a retry is "ok")
+             (with `first_deliveries_only`, only a webhook-id's first delivery takes a step: a retry is "ok";
+             while `refusing` holds a step, or the `refuse_file` exists, every request takes that step and
+             the script waits)
         "ok"         verify the signature (401 if it fails), keep one effect per webhook-id, 200 {"id": "rcv_<n>"}
                      (a duplicate gets the first delivery's id and no second effect)
         "kept-reset" as "ok", then reset the connection instead of answering (the answer is lost)
@@ -15,8 +17,9 @@ every answer.
         "stall"      read the body, answer nothing until the receiver stops: no effect
 
 Also a process of its own, for the chaos harness to kill: `python -m demo.receiver --port P
---secret S --journal FILE` runs an "ok" receiver that starts from FILE when it exists and rewrites it
-(JSON: webhook-id -> body, deliveries, receiver id) when it starts and after every delivery.
+--secret S --journal FILE [--refuse-file R]` runs an "ok" receiver that starts from FILE when it exists
+and rewrites it (JSON: webhook-id -> body, deliveries, receiver id) when it starts and after every delivery;
+while R exists, every request takes the step R holds (`429 2`: the harness's receiver that throttles).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import signal
 import socket
 import struct
 import threading
+import time
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -49,12 +53,13 @@ class Effect:
 
 @dataclass(frozen=True)
 class Seen:
-    """One request as it arrived, whatever the step did with it."""
+    """One request as it arrived (`at`: time.monotonic() then), whatever the step did with it."""
 
     path: str
     headers: dict[str, str]
     body: bytes
     step: str
+    at: float
 
 
 class Receiver:
@@ -67,9 +72,12 @@ class Receiver:
         journal: Path | None = None,
         port: int = 0,
         first_deliveries_only: bool = False,
+        refuse_file: Path | None = None,
     ) -> None:
         self.secret = secret
         self.script: deque[str] = deque(script)
+        self.refusing: str | None = None
+        self.refuse_file = refuse_file
         self.first_deliveries_only = first_deliveries_only
         self._tried: set[str] = set()
         self.redirect_to = redirect_to
@@ -106,11 +114,23 @@ class Receiver:
     def next_step(self, msg_id: str | None) -> str:
         """What to do with a delivery of `msg_id` (its webhook-id header, if it has one)."""
         with self._lock:
+            refusing = self.refusing or self._refusal()
+            if refusing:
+                return refusing
             if self.first_deliveries_only and msg_id is not None:
                 if msg_id in self._tried:
                     return "ok"
                 self._tried.add(msg_id)
             return self.script.popleft() if self.script else "ok"
+
+    def _refusal(self) -> str | None:
+        """The step the refuse file holds, while it exists."""
+        if self.refuse_file is None:
+            return None
+        try:
+            return self.refuse_file.read_text().strip() or None
+        except FileNotFoundError:
+            return None
 
     def deliveries(self) -> dict[str, int]:
         with self._lock:
@@ -155,9 +175,10 @@ def _handler(receiver: Receiver) -> type[BaseHTTPRequestHandler]:
 
         def do_POST(self) -> None:
             body = self.rfile.read(int(self.headers.get("content-length", "0")))
+            at = time.monotonic()
             step = receiver.next_step(self.headers.get("webhook-id"))
             headers = {name.lower(): value for name, value in self.headers.items()}
-            receiver.record(Seen(self.path, headers, body, step))
+            receiver.record(Seen(self.path, headers, body, step, at))
             code, _, value = step.partition(" ")
             if code in ("ok", "kept-reset", "kept-stall"):
                 try:
@@ -220,8 +241,11 @@ def main() -> None:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--secret", required=True)
     parser.add_argument("--journal", type=Path, required=True)
+    parser.add_argument("--refuse-file", type=Path, help="while it exists, every request takes the step it holds")
     arguments = parser.parse_args()
-    receiver = Receiver(arguments.secret, journal=arguments.journal, port=arguments.port)
+    receiver = Receiver(
+        arguments.secret, journal=arguments.journal, port=arguments.port, refuse_file=arguments.refuse_file
+    )
     receiver.effects.update(effects_of(arguments.journal))
     receiver.start()
     stopped = threading.Event()
