@@ -154,7 +154,7 @@ class Destinations:
             self._change(name, kind, "broken", reason)
         self._held[name] = True
         self._not_before[name] = now + self._config.probe_seconds
-        del self._failing[name]
+        self._failing.pop(name, None)  # another attempt that failed meanwhile may have broken it too
 
     def _change(self, name: str, kind: str, change: str, reason: str, seconds: float | None = None) -> None:
         self._outcomes.destination(DestinationChange(name, kind, change, reason, seconds))
