@@ -106,7 +106,7 @@ def test_any_other_value_is_refused_naming_the_setting(value: Any) -> None:
 # -- the pace, held by two executors together -------------------------------------------------------------
 
 RATE = 20.0
-BURST = 2.0
+BURST = Rate(RATE).burst  # a quarter of a second's worth: 5
 
 
 def test_two_executors_together_never_exceed_the_rate_plus_the_burst(engine: Engine) -> None:

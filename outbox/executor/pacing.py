@@ -20,6 +20,8 @@ other); the first attempt that succeeds mends it.
 
 from __future__ import annotations
 
+from outbox.rates import BURST_SECONDS
+
 PAUSE_BASE_SECONDS = 0.5
 PAUSE_CAP_SECONDS = 300.0
 DECREASE = 0.9
@@ -32,8 +34,9 @@ PACE_HOLD_SECONDS = 600.0
 
 BREAK_FAILURES = 5
 
-# the parameters of the pace in outbox.store.destinations' statements
-PACE = {"rise": RISE, "min_rise": MIN_RISE, "pace_hold": PACE_HOLD_SECONDS}
+# the parameters of the pace in outbox.store.destinations' statements; a learned pace's bucket holds
+# BURST_SECONDS of it (outbox.rates), as a configured rate's does
+PACE = {"rise": RISE, "min_rise": MIN_RISE, "pace_hold": PACE_HOLD_SECONDS, "burst_seconds": BURST_SECONDS}
 SLOW_DOWN = PACE | {
     "base": PAUSE_BASE_SECONDS,
     "cap": PAUSE_CAP_SECONDS,

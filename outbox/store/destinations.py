@@ -49,10 +49,11 @@ _PACE_NOW = """CASE WHEN {t}.pace IS NULL OR now() - {t}.pace_at > make_interval
 
 # Heads of one held destination, as many as it allows now (its row locked FOR UPDATE: one executor at a time
 # takes its tokens): paused, none; broken, one probe when its probe time has come (the next is then
-# `:probe_seconds` later); paced, as many as its token bucket holds (the rate and the pace, whichever is
-# lower, refill it, up to its burst). Every row comes back with the seconds until the destination may allow
-# more (`next_seconds`: the end of its pause, its probe time, or its next token when the tokens, not the due
-# heads, ran out; else null), and the claimed action's columns (null when none).
+# `:probe_seconds` later); paced, as many as its token bucket holds (the rate and the pace, whichever is lower,
+# refill it, up to its burst: the configured one, or `:burst_seconds` of the pace when that holds more). Every
+# row comes back with the seconds until the destination may allow more (`next_seconds`: the end of its pause,
+# its probe time, or its next token when the tokens, not the due heads, ran out; else null), and the claimed
+# action's columns (null when none).
 CLAIM_DESTINATION_HEADS = text(f"""
 WITH locked AS MATERIALIZED (
     SELECT * FROM agent_destination WHERE name = :name FOR UPDATE
@@ -67,7 +68,8 @@ WITH locked AS MATERIALIZED (
            CASE WHEN p.paused THEN 0
                 WHEN p.broken THEN CASE WHEN p.probe_at IS NULL OR p.probe_at <= now() THEN 1 ELSE 0 END
                 WHEN p.per_second = 'infinity' THEN :limit
-                ELSE least(p.burst, p.tokens + p.per_second * extract(epoch FROM now() - p.tokens_at)) END
+                ELSE least(greatest(p.burst, p.per_second * :burst_seconds),
+                           p.tokens + p.per_second * extract(epoch FROM now() - p.tokens_at)) END
            AS available
       FROM priced AS p
 ), heads AS MATERIALIZED (
