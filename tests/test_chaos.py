@@ -1,6 +1,6 @@
 """Proof under faults: a seeded chaos run (`tests/chaos/`) breaks no invariant.
 
-The default run includes two short runs: 90 s of faults against 4 executor processes, a real SMTP sink,
+The default run includes two short runs: 105 s of faults against 4 executor processes, a real SMTP sink,
 a nats-server with JetStream, a webhook receiver process behind a relay, and PostgreSQL (its own,
 restartable, unless OUTBOX_TEST_DATABASE_URL names a server: then every fault but the restart), each
 executor reaching it through a network relay of its own that drops, delays or resets its packets at times;
@@ -30,11 +30,18 @@ from tests.chaos.report import Report, render
 from tests.chaos.runner import run_chaos
 
 SHORT_SEED = 20261130
-# long enough for both past-the-lease faults (75 s each) besides the two brinks (68 s each): 4 executors
-SHORT_MINUTES = 1.5
+# long enough for both past-the-lease faults (75 s each) besides the two brinks (68 s each): 4 executors; and
+# for the first round of faults, every kind once, on a busy machine
+SHORT_MINUTES = 1.75
 PROCESS_FAULTS = ("SIGKILL", "SIGSTOP short", "SIGSTOP past the lease")
 NETWORK_FAULTS = ("network cut", "network delay", "network blackhole short", "network blackhole past the lease")
-PROVIDER_FAULTS = ("NATS server SIGKILL", "webhook relay cut", "webhook relay blackhole", "webhook receiver SIGKILL")
+PROVIDER_FAULTS = (
+    "NATS server SIGKILL",
+    "webhook relay cut",
+    "webhook relay blackhole",
+    "webhook receiver SIGKILL",
+    "webhook receiver throttling",
+)
 # a blackholed executor's statements are bounded client-side (10 s): it finds the database unreachable within this
 NOTICE_SECONDS = 15.0
 # and once the network is back, it beats again within this
@@ -86,7 +93,8 @@ def run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 def test_every_fault_kind_was_injected(run: Run) -> None:
     faults = run.report.faults
     injected = {name.split(" (")[0].split(":")[0] for name, n in faults.items() if n and "skipped" not in name}
-    expected = {*PROCESS_FAULTS, *NETWORK_FAULTS, *PROVIDER_FAULTS, "relay", "pg_terminate_backend", "brink", "erasure"}
+    expected = {*PROCESS_FAULTS, *NETWORK_FAULTS, *PROVIDER_FAULTS, "relay", "relay throttling"}
+    expected |= {"pg_terminate_backend", "brink", "erasure"}
     if run.restartable:
         expected.add("PostgreSQL restart")
     assert expected <= injected, run.table

@@ -15,8 +15,10 @@ One run:
      refused later (and a few parked on purpose), accounts erased while their actions wait;
   3. faults at random moments (seeded): SIGKILL (restarted after a pause, often with another clock skew),
      SIGSTOP/SIGCONT (short, or past the lease), relay faults (4xx, 5xx, drop or stall after DATA, a flaky
-     relay), pg_terminate_backend, a PostgreSQL restart (fast or immediate), the nats-server and the
-     webhook receiver SIGKILLed and restarted, the webhook relay cut or blackholed; on purpose the one case
+     relay), a relay that throttles for a while (421 at connect, 450 or 454 at MAIL: the smtp destination
+     pauses), pg_terminate_backend, a PostgreSQL restart (fast or immediate), the nats-server and the
+     webhook receiver SIGKILLed and restarted, the receiver throttling for a while (429 or 503, with or
+     without Retry-After), the webhook relay cut or blackholed; on purpose the one case
      no fence can stop (a holder frozen right after its window check, woken past its lease), and WEBHOOK
      and NATS_EVENT holders frozen right after their provider accepted, SIGKILLed or woken past the lease;
   4. settle, stop the executors with SIGTERM, and check every invariant (see `tests.chaos.checks`).

@@ -6,8 +6,9 @@
     executor ─▶ ACCOUNTS_ALERTS_WEBHOOK_URL ─▶ NetRelay ─▶ receiver process (demo.receiver) ─▶ its journal
 
 The runner kills and restarts the nats-server (same port and store) and the receiver process (same port and
-journal), and cuts or blackholes the relay; the checks read the whole stream, message by message, and the
-receiver's journal (webhook-id -> body, deliveries, receiver id).
+journal), cuts or blackholes the relay, and makes the receiver throttle for a while (it answers every
+request with a 429 or a 503 while its refuse file exists); the checks read the whole stream, message by
+message, and the receiver's journal (webhook-id -> body, deliveries, receiver id).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import os
 import random
 import re
 import signal
@@ -63,6 +65,7 @@ class Providers:
         self.secret = "whsec_" + base64.b64encode(key).decode()
         self.receiver_port = free_port()
         self.journal = work_dir / "receiver.json"
+        self.refuse_file = work_dir / "receiver-refuses"
         self._log = work_dir / "receiver.log"
         self.receiver: subprocess.Popen[bytes] | None = None
         self.start_receiver()
@@ -87,6 +90,7 @@ class Providers:
     def start_receiver(self) -> None:
         """Start the receiver (same port, same journal) and wait until it accepts connections."""
         args = ["--port", str(self.receiver_port), "--secret", self.secret, "--journal", str(self.journal)]
+        args += ["--refuse-file", str(self.refuse_file)]
         with open(self._log, "ab") as log:
             self.receiver = subprocess.Popen(
                 [sys.executable, "-m", "demo.receiver", *args], cwd=ROOT, stdout=log, stderr=log
@@ -104,6 +108,18 @@ class Providers:
         if self.receiver is not None and self.receiver.poll() is None:
             self.receiver.send_signal(signal.SIGKILL)
             self.receiver.wait(10)
+
+    def throttling(self) -> bool:
+        return self.refuse_file.exists()
+
+    def throttle(self, step: str) -> None:
+        """From now on the receiver answers every request with `step` (`429 2`, `503`), taking nothing."""
+        partial = self.refuse_file.with_name(self.refuse_file.name + ".partial")
+        partial.write_text(step)
+        os.replace(partial, self.refuse_file)
+
+    def end_throttling(self) -> None:
+        self.refuse_file.unlink(missing_ok=True)
 
     def close(self) -> None:
         self.relay.close()

@@ -531,6 +531,7 @@ class Chaos:
     FAULT_WEIGHTS: ClassVar[dict[str, int]] = {
         "SIGKILL": 30,
         "relay": 22,
+        "relay throttling": 6,
         "pg_terminate_backend": 18,
         "SIGSTOP short": 8,
         "PostgreSQL restart": 4,
@@ -543,6 +544,7 @@ class Chaos:
         "webhook relay cut": 5,
         "webhook relay blackhole": 3,
         "webhook receiver SIGKILL": 4,
+        "webhook receiver throttling": 5,
     }
 
     def fault_plan(self) -> Iterator[str]:
@@ -585,6 +587,11 @@ class Chaos:
             self.sink.faults = faults
             self.relay_fault_until = self.now() + rng.uniform(0.5, 4)
             name = f"relay: {choice}"
+        elif name == "relay throttling":
+            choice, faults = rng.choice(THROTTLING)
+            self.sink.faults = faults
+            self.relay_fault_until = self.now() + rng.uniform(0.5, 4)
+            name = f"relay throttling: {choice}"
         elif name == "pg_terminate_backend":
             everyone = rng.random() < 0.3
             with self.engine.connect() as conn:
@@ -601,12 +608,7 @@ class Chaos:
                 for pid in chosen:
                     conn.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
             name = f"pg_terminate_backend ({'every connection' if everyone else 'some connections'})"
-        elif name in (
-            "NATS server SIGKILL",
-            "webhook relay cut",
-            "webhook relay blackhole",
-            "webhook receiver SIGKILL",
-        ):
+        elif name in PROVIDER_FAULTS:
             return self._provider_fault(name)
         elif name == "PostgreSQL restart":
             assert self.own is not None
@@ -632,6 +634,13 @@ class Chaos:
                 return False
             providers.kill_receiver()
             self.at(rng.uniform(0.5, 8), providers.start_receiver)  # same port, same journal
+        elif name == "webhook receiver throttling":
+            if providers.throttling():
+                return False
+            step = rng.choice(["429 2", "429", "503 1"])
+            providers.throttle(step)
+            self.at(rng.uniform(1, 8), providers.end_throttling)
+            name = f"webhook receiver throttling: {step}"
         elif name == "webhook relay cut":
             self.faults["webhook relay: connections reset"] += providers.relay.cut()
         else:
@@ -1133,7 +1142,19 @@ class Chaos:
 
 
 # the faults of the WEBHOOK and NATS_EVENT providers (Chaos._provider_fault)
-PROVIDER_FAULTS = ("NATS server SIGKILL", "webhook relay cut", "webhook relay blackhole", "webhook receiver SIGKILL")
+PROVIDER_FAULTS = (
+    "NATS server SIGKILL",
+    "webhook relay cut",
+    "webhook relay blackhole",
+    "webhook receiver SIGKILL",
+    "webhook receiver throttling",
+)
+# a relay that asks to slow down, refusing every message for a while: its destination pauses for every executor
+THROTTLING = [
+    ("421 at connect", Faults(connect="421 4.7.0 Error: too many connections from 127.0.0.1")),
+    ("450 rate at MAIL", Faults(mail="450 4.7.1 Error: too much mail from 127.0.0.1")),
+    ("454 throttling at MAIL", Faults(mail="454 4.7.0 Throttling failure: Maximum sending rate exceeded")),
+]
 
 # Actions not ended outside the parked lanes, where proposals wait for a decision nobody takes on purpose,
 # and not waiting behind (or at) a WEBHOOK whose retry is more than a minute ahead (its second waits 5 min).
