@@ -536,7 +536,7 @@ ALTER TABLE ONLY public.agent_maintenance
 --
 
 ALTER TABLE public.agent_action
-    ADD CONSTRAINT ck_agent_action_destination CHECK (((destination ~ '^[a-z0-9_][a-z0-9_.:-]{0,79}$'::text) OR ((destination IS NULL) AND (ended_at IS NOT NULL)))) NOT VALID;
+    ADD CONSTRAINT ck_agent_action_destination CHECK ((((destination IS NOT NULL) OR (ended_at IS NOT NULL)) AND (char_length(destination) <= 80))) NOT VALID;
 
 --
 -- Name: agent_action ck_agent_action_trace_context; Type: CHECK CONSTRAINT; Schema: public; Owner: -

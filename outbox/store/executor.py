@@ -35,18 +35,20 @@ CLAIMED_COLUMNS = (
 # claimed one destination at a time (outbox.store.destinations).
 HELD = "paused_until > now() OR broken_since IS NOT NULL OR rate IS NOT NULL OR pace IS NOT NULL"
 
-# Due lane heads, many per round trip: the ADMITTED holders of their lanes (ix_agent_action_ready holds
-# nothing else), by due time, but for the destinations held back (read once per statement from the few rows
-# of agent_destination). SKIP LOCKED, so two replicas never take one head and neither waits; a row
-# that stopped holding its lane meanwhile is checked again, and left. FOR NO KEY UPDATE: an enqueue into the
-# lane that has not committed (it holds the holder FOR KEY SHARE) does not hold the claim back. The holder
-# stays marked while it executes, so a claim writes nothing but its own rows.
+# Due lane heads, many per round trip: the ADMITTED holders of their lanes (ix_agent_action_ready holds nothing
+# else), by due time, but for the destinations held back (read once per statement from the few rows of
+# agent_destination). The filter is wrapped in coalesce so that the planner does not estimate it from the
+# column's statistics: with one destination it expected almost no row to pass, and read and sorted every due
+# head instead of taking the first from the index. SKIP LOCKED, so two replicas never take one head and neither
+# waits; a row that stopped holding its lane meanwhile is checked again, and left. FOR NO KEY UPDATE: an enqueue
+# into the lane that has not committed (it holds the holder FOR KEY SHARE) does not hold the claim back. The
+# holder stays marked while it executes, so a claim writes nothing but its own rows.
 CLAIM_READY_HEADS = text(f"""
 WITH heads AS MATERIALIZED (
     SELECT a.id FROM agent_action AS a
      WHERE a.lane_head AND a.state = 'ADMITTED' AND a.due_at <= now()
        AND a.kind = ANY (CAST(:kinds AS text[])) AND (a.expires_at IS NULL OR a.expires_at > now())
-       AND a.destination <> ALL (ARRAY(SELECT name FROM agent_destination WHERE {HELD}))
+       AND coalesce(a.destination <> ALL (ARRAY(SELECT name FROM agent_destination WHERE {HELD})), true)
      ORDER BY a.due_at
      LIMIT :limit
      FOR NO KEY UPDATE SKIP LOCKED
