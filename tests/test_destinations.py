@@ -21,7 +21,7 @@ from sqlalchemy import Engine, text
 
 from outbox import ActionRequest, enqueue
 from outbox.db import conninfo
-from outbox.executor.pacing import PACE, PAUSE_BASE_SECONDS, SLOW_DOWN
+from outbox.executor.pacing import MEASURE_FLOOR_SECONDS, MIN_ACCEPTED, PACE, PAUSE_BASE_SECONDS, SLOW_DOWN
 from outbox.executor.store import ExecutorStore
 from outbox.rates import MAX_PER_SECOND, Rate, parse_rate
 from tests import kinds
@@ -194,9 +194,14 @@ def test_a_slow_down_pauses_doubles_in_a_row_and_ignores_the_attempts_already_in
     assert (found.paused_by, found.slow_downs, found.pause_reason) == ("provider", 2, "mail: 454; slow down")
 
 
-def test_a_slow_down_lowers_the_pace_from_what_the_provider_accepted(engine: Engine) -> None:
-    insert_due(engine, 40)
-    with engine.begin() as conn:  # 40 accepted in the last 2 s: 20 a second
+@pytest.mark.parametrize(("accepted", "pace"), [(40, 0.9 * 40 / MEASURE_FLOOR_SECONDS), (MIN_ACCEPTED - 1, None)])
+def test_a_slow_down_lowers_the_pace_from_what_the_provider_accepted(
+    engine: Engine, accepted: int, pace: float | None
+) -> None:
+    """Accepted at once, just now: a rate measured over the shortest span (0.5 s), lowered to 90 %; fewer than
+    MIN_ACCEPTED: no pace (a cold start, whose attempts are mostly still in flight), the pause alone."""
+    insert_due(engine, accepted)
+    with engine.begin() as conn:
         conn.execute(
             text(
                 "UPDATE agent_action SET state = 'EXECUTING', epoch = 1, attempt = 1,"
@@ -205,7 +210,7 @@ def test_a_slow_down_lowers_the_pace_from_what_the_provider_accepted(engine: Eng
         )
         conn.execute(text("UPDATE agent_action SET state = 'DONE', stop_reason = 'CONFIRMED'"))
     slowed = run(with_store(engine, lambda s: s.slow_down("test_noop", "TEST_NOOP", None, "421", SLOW_DOWN)))
-    assert slowed.pace == pytest.approx(0.9 * 20)
+    assert slowed.pace == (pytest.approx(pace) if pace is not None else None)
 
 
 def test_an_operator_s_pause_stays_the_operator_s(engine: Engine) -> None:

@@ -108,12 +108,13 @@ SELECT c.*,
 """)
 
 # A provider's slow-down (its row made first by ADD_DESTINATION). While a pause lasts, the slow-downs of the
-# attempts claimed before it change nothing but for a longer wait the provider names. Otherwise the pause is
-# the provider's wait, or `:base` seconds doubling with each slow-down in a row (one within twice its pause
-# after the last pause ended), at most `:cap`; and the pace is lowered to `:decrease` of what it was (the pace
-# now; the configured rate; else the attempts it accepted a second over the last `:measure` seconds; none
-# accepted, no pace: the pause alone), at most once in `:settle` seconds, never below `:min_pace`. An
-# operator's pause stays the operator's.
+# attempts claimed before it change nothing but for a longer wait the provider names. Otherwise the pace is
+# lowered to `:decrease` of what it was (the pace now; the configured rate; else the attempts it accepted a
+# second since the first it accepted in the last `:measure` seconds, over at least `:measure_floor` seconds,
+# when it accepted at least `:min_accepted`; else it gets no pace: the pause alone), at most once in `:settle`
+# seconds, never below `:min_pace`; and the pause is the provider's wait, or else one token of the pace (no
+# pace: `:base` seconds), doubling with each slow-down in a row (one within twice its pause after the last
+# pause ended), at most `:cap`. An operator's pause stays the operator's.
 SLOW_DOWN = text(f"""
 WITH found AS MATERIALIZED (
     SELECT d.*, coalesce(d.paused_until > now(), false) AS paused,
@@ -121,28 +122,34 @@ WITH found AS MATERIALIZED (
                secs => 2 * least(:cap, :base * 2 ^ least(greatest(d.slow_downs - 1, 0), 30))) AS in_a_row,
            {_PACE_NOW.format(t="d")} AS pace_now
       FROM agent_destination AS d WHERE d.name = :name FOR UPDATE
+), accepted AS MATERIALIZED (
+    SELECT count(*) AS n, min(a.ended_at) AS first FROM agent_action AS a
+     WHERE a.ended_at > now() - make_interval(secs => :measure) AND a.destination = :name AND a.state = 'DONE'
 ), measured AS MATERIALIZED (
     SELECT f.*,
            CASE WHEN f.paused THEN f.slow_downs WHEN f.in_a_row THEN f.slow_downs + 1 ELSE 1 END AS streak,
            NOT f.paused AND (f.pace_at IS NULL OR now() - f.pace_at >= make_interval(secs => :settle)) AS settled,
-           coalesce(f.pace_now, f.rate, nullif((
-               SELECT count(*) / CAST(:measure AS float8) FROM agent_action AS a
-                WHERE a.ended_at > now() - make_interval(secs => :measure) AND a.destination = f.name
-                  AND a.state = 'DONE'), 0)) AS pace_was
+           coalesce(f.pace_now, f.rate, (
+               SELECT a.n / greatest(:measure_floor, extract(epoch FROM now() - a.first)) FROM accepted AS a
+                WHERE a.n >= :min_accepted)) AS pace_was
       FROM found AS f
-), counted AS MATERIALIZED (
+), lowered AS MATERIALIZED (
     SELECT m.*, m.settled AND m.pace_was IS NOT NULL AS lowers FROM measured AS m
+), counted AS MATERIALIZED (
+    SELECT l.*, CASE WHEN l.lowers THEN greatest(:min_pace, :decrease * l.pace_was) ELSE l.pace_now END AS pace_then
+      FROM lowered AS l
 )
 UPDATE agent_destination AS d
    SET slow_downs = c.streak,
        paused_until = CASE
            WHEN c.paused AND CAST(:after AS float8) IS NULL THEN d.paused_until
            ELSE greatest(d.paused_until, now() + make_interval(secs => coalesce(
-               CAST(:after AS float8), least(:cap, :base * 2 ^ least(c.streak - 1, 30))))) END,
+               CAST(:after AS float8),
+               least(:cap, coalesce(1 / c.pace_then, :base) * 2 ^ least(c.streak - 1, 30))))) END,
        paused_by = CASE WHEN c.paused AND d.paused_by = 'operator' THEN 'operator' ELSE 'provider' END,
        pause_reason = CASE WHEN c.paused AND d.paused_by = 'operator' THEN d.pause_reason
                            ELSE left(:reason, 500) END,
-       pace = CASE WHEN c.lowers THEN greatest(:min_pace, :decrease * c.pace_was) ELSE d.pace END,
+       pace = CASE WHEN c.lowers THEN c.pace_then ELSE d.pace END,
        pace_at = CASE WHEN c.lowers THEN now() ELSE d.pace_at END,
        tokens = CASE WHEN c.lowers THEN 0 ELSE d.tokens END,
        tokens_at = CASE WHEN c.lowers THEN now() ELSE d.tokens_at END,
