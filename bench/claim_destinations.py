@@ -10,30 +10,20 @@ folder with this module copied in ("before"). Each tree migrates its own databas
 each round in a rotated order, so that the machine's drift hits both alike.
 
 1. loop: `bench.sql_cost`'s `outbox` loop (2 processes: claim 50, fence them, their results, until none) on
-   each tree, and on this one with 1 held destination (paused by an operator, no action of its own), with no
-   statistics on agent_action.destination, and with none and the destination's name checked without `{0,79}`
+   each tree, and on this one with 1 held destination (paused by an operator, no action of its own)
    (`--loops` picks some): jobs/s, the loops' backend CPU µs per action, the claim statement's µs per action
    (pg_stat_statements)
 2. executor: 2 `outbox run` processes (defaults, the no-op adapter) drain N actions, each in its own lane,
-   on each tree, and on this one with no statistics on agent_action.destination: jobs/s, their backends'
-   CPU µs per action
+   on each tree: jobs/s, their backends' CPU µs per action
 3. explain: this tree's claim of 50 heads (`CLAIM_READY_HEADS`), each time alternated with the same claim
    without its destination filter, with 0, 1 and 10 rows in agent_destination (held or open) and then with
-   one paused destination whose 5,000 due heads come first in `ix_agent_action_ready`; with the filter as
-   shipped and inside `coalesce(..., true)`; on a table analyzed as shipped and on one with no statistics
-   on agent_action.destination: EXPLAIN (ANALYZE, BUFFERS), rolled back; the median execution time and the
-   buffers each claim touches, and one timed plan of each (results.json)
+   one paused destination whose 5,000 due heads come first in `ix_agent_action_ready`: EXPLAIN (ANALYZE,
+   BUFFERS), rolled back; the median execution time and the buffers each claim touches, and one timed plan
+   of each (results.json)
 4. fairness: two destinations; one paused by an operator with a backlog of 5,000 due heads (due a day
    before the others), or no such destination, alternated: the other's burn-down (2 executors, N actions)
    and its pickup (1 executor, 500 actions enqueued one per transaction at 50/s, enqueue commit to adapter
    start: p50, p95), and the plain claim's mean time and buffers during the burn-down (pg_stat_statements)
-
-Why the variants without statistics and with `coalesce`: the planner estimates `destination <> ALL (ARRAY(
-SELECT ...))` from the column's statistics, as if the array held 10 names each of them likely to be a row's
-destination; with one destination (or one that most actions go to), it keeps almost no row, and it then
-scans and sorts every due head instead of reading the first ones from `ix_agent_action_ready`. Why the check
-without `{0,79}`: every insert and update of an action evaluates `ck_agent_action_destination` again, and
-PostgreSQL's regular expressions spend a state on each of the bounded repetitions at every match.
 """
 
 from __future__ import annotations
@@ -98,27 +88,9 @@ SELECT 'TEST_NOOP', 1, 'parked-' || g, 'parked-' || g, '{{}}', 5, 'ADMITTED', '{
 """
 
 
-# the remedy measured beside the shipped code: no statistics on agent_action.destination, so the planner takes
-# the claim's `destination <> ALL (...)` for its default selectivity (it keeps most rows) instead of deriving it
-# from a column with one or two values (it then keeps almost none, and picks a sequential scan and a sort of
-# every due head over the ready index)
-NO_STATISTICS = "ALTER TABLE agent_action ALTER COLUMN destination SET STATISTICS 0;\n"
-# and the destination's name checked without a bounded repetition: PostgreSQL's regular expressions build a
-# state for each of `{0,79}`'s repetitions at every match, and every insert and update of an action (a claim,
-# a fence, a result) evaluates the CHECK constraint again
-PLAIN_CHECK = """
-ALTER TABLE agent_action DROP CONSTRAINT ck_agent_action_destination,
-    ADD CONSTRAINT ck_agent_action_destination CHECK (
-        destination ~ '^[a-z0-9_][a-z0-9_.:-]*$' AND char_length(destination) <= 80
-        OR (destination IS NULL AND ended_at IS NOT NULL)
-    ) NOT VALID;
-"""
-
-
-def setup(held: int = 0, no_statistics: bool = False, plain_check: bool = False) -> str:
+def setup(held: int = 0) -> str:
     """The SQL that sets a database up before its actions are loaded and analyzed."""
-    rows = destination_rows(held, held=True) + ";\n" if held else ""
-    return rows + (NO_STATISTICS if no_statistics else "") + (PLAIN_CHECK if plain_check else "")
+    return destination_rows(held, held=True) if held else ""
 
 
 def park_backlog(conn: psycopg.Connection[Any]) -> None:
@@ -214,8 +186,6 @@ LOOPS: dict[str, tuple[str, dict[str, Any]]] = {
     "before": ("before", {}),
     "after": ("after", {}),
     "after, 1 held": ("after", {"held": 1}),
-    "after, destination without statistics": ("after", {"no_statistics": True}),
-    "after, without statistics, name checked without {0,79}": ("after", {"no_statistics": True, "plain_check": True}),
 }
 
 
@@ -242,7 +212,6 @@ def loops(admin: str, postmaster: int, trees: dict[str, Tree], args: argparse.Na
 EXECUTORS: dict[str, tuple[str, dict[str, Any]]] = {
     "before": ("before", {}),
     "after": ("after", {}),
-    "after, destination without statistics": ("after", {"no_statistics": True}),
 }
 
 
@@ -264,17 +233,15 @@ def executors(admin: str, trees: dict[str, Tree], args: argparse.Namespace) -> d
 # ---- explain ------------------------------------------------------------------------------------------------
 
 
-def claim_statements() -> tuple[str, str, str]:
-    """This tree's plain claim; the same without its destination filter (the claim before destinations); and
-    with the filter inside `coalesce(..., true)`, which the planner takes for its default selectivity."""
+def claim_statements() -> tuple[str, str]:
+    """This tree's plain claim; and the same without its destination filter (the claim before destinations)."""
     from outbox.store.executor import CLAIM_READY_HEADS
 
     claim = str(CLAIM_READY_HEADS.text)
-    line = re.search(r"\n( *AND )(a\.destination <> ALL \([^\n]*\))", claim)
+    line = re.search(r"\n *AND coalesce\(a\.destination <> ALL [^\n]*", claim)
     if line is None:
         raise RuntimeError("the claim changed: no destination filter found")
-    wrapped = claim.replace(line.group(0), f"\n{line.group(1)}coalesce({line.group(2)}, true)")
-    return claim, claim.replace(line.group(0), ""), wrapped
+    return claim, claim.replace(line.group(0), "")
 
 
 def explain(conn: psycopg.Connection[Any], sql: str, *, timing: bool = False) -> dict[str, Any]:
@@ -306,46 +273,35 @@ class Explained:
 
 def explains(admin: str, args: argparse.Namespace) -> dict[str, Explained]:
     """The claim with its filter, alternated with the claim without it, on `args.jobs` heads as the rows in
-    agent_destination change, then with a paused destination's backlog first in the ready index; on a table
-    analyzed as shipped, and on one with no statistics on agent_action.destination. Each setting starts from a
-    vacuumed table: the rolled-back claims leave dead rows, and a larger table makes the sequential scan dearer
-    to the planner."""
-    current, without, wrapped = claim_statements()
+    agent_destination change, then with a paused destination's backlog first in the ready index. Each setting
+    starts from a vacuumed table: the rolled-back claims leave dead rows, and a larger table makes the
+    sequential scan dearer to the planner."""
+    current, without = claim_statements()
     parked = f"1 paused destination, its {BACKLOG:,} due heads first"
+    settings = [
+        ("0 rows", ""),
+        ("1 held row", destination_rows(1, held=True)),
+        ("10 open rows", destination_rows(10, held=False)),
+        ("10 held rows", destination_rows(10, held=True)),
+    ]
     found: dict[str, Explained] = {}
-    for no_statistics in (False, True):
-        settings = [("0 rows", "", current), ("0 rows, the filter in coalesce(..., true)", "", wrapped)]
-        if not no_statistics:
-            settings += [
-                ("1 held row", destination_rows(1, held=True), current),
-                ("10 open rows", destination_rows(10, held=False), current),
-                ("10 held rows", destination_rows(10, held=True), current),
-            ]
-        settings += [(parked, "", current), (f"{parked}, the filter in coalesce(..., true)", "", wrapped)]
-        with harness.fresh_database(psycopg_url(admin), "claim_dest_explain") as (_, engine):
-            harness.bulk_admit(engine, args.jobs, args.jobs)
-            with psycopg.connect(sql_cost.database_url(admin, "claim_dest_explain"), autocommit=True) as conn:
-                if no_statistics:
-                    conn.execute(NO_STATISTICS)
-                backlog = False
-                for label, rows, sql in settings:
-                    if label.startswith(parked) and not backlog:
-                        conn.execute("DELETE FROM agent_destination")
-                        park_backlog(conn)
-                        backlog = True
-                    elif not backlog:
-                        conn.execute("DELETE FROM agent_destination")
-                        if rows:
-                            conn.execute(rows.encode())
-                    conn.execute("VACUUM ANALYZE agent_action")
-                    label = f"{label}, destination without statistics" if no_statistics else label
-                    found[label] = timed(conn, sql, without, args.explains)
-                    print(
-                        f"  explain {label:92}: {med(found[label].ms):6.3f} ms, {med(found[label].buffers):6.0f}"
-                        f" buffers; without the filter {med(found[label].base_ms):6.3f} ms,"
-                        f" {med(found[label].base_buffers):6.0f} buffers",
-                        flush=True,
-                    )
+    with harness.fresh_database(psycopg_url(admin), "claim_dest_explain") as (_, engine):
+        harness.bulk_admit(engine, args.jobs, args.jobs)
+        with psycopg.connect(sql_cost.database_url(admin, "claim_dest_explain"), autocommit=True) as conn:
+            for label, rows in [*settings, (parked, "")]:
+                conn.execute("DELETE FROM agent_destination")
+                if label == parked:
+                    park_backlog(conn)
+                elif rows:
+                    conn.execute(rows.encode())
+                conn.execute("VACUUM ANALYZE agent_action")
+                found[label] = timed(conn, current, without, args.explains)
+                print(
+                    f"  explain {label:50}: {med(found[label].ms):6.3f} ms, {med(found[label].buffers):6.0f}"
+                    f" buffers; without the filter {med(found[label].base_ms):6.3f} ms,"
+                    f" {med(found[label].base_buffers):6.0f} buffers",
+                    flush=True,
+                )
     return found
 
 
@@ -385,18 +341,16 @@ class Fair:
     claim_buffers: float
 
 
-def prepare_fair(admin: str, name: str, parked: bool, no_statistics: bool) -> None:
-    with psycopg.connect(sql_cost.database_url(admin, name), autocommit=True) as conn:
-        if no_statistics:
-            conn.execute(NO_STATISTICS)
-        if parked:
+def prepare_fair(admin: str, name: str, parked: bool) -> None:
+    if parked:
+        with psycopg.connect(sql_cost.database_url(admin, name), autocommit=True) as conn:
             park_backlog(conn)
 
 
-def burn_down(admin: str, name: str, jobs: int, parked: bool, no_statistics: bool) -> tuple[float, int, float, float]:
+def burn_down(admin: str, name: str, jobs: int, parked: bool) -> tuple[float, int, float, float]:
     """(jobs/s of the open destination, plain claims, their mean ms, their mean buffers)."""
     with harness.fresh_database(psycopg_url(admin), name) as (url, engine):
-        prepare_fair(admin, name, parked, no_statistics)
+        prepare_fair(admin, name, parked)
         processes = harness.start_executors(url, 2, "bench.adapters:noop_adapters")
         try:
             harness.wait_listening(engine, 2)
@@ -411,15 +365,13 @@ def burn_down(admin: str, name: str, jobs: int, parked: bool, no_statistics: boo
     return jobs / seconds, int(calls), float(total_ms) / max(1, calls), float(buffers) / max(1, calls)
 
 
-def pickup(
-    admin: str, name: str, parked: bool, no_statistics: bool, count: int = 500, rate: float = 50.0
-) -> list[float]:
+def pickup(admin: str, name: str, parked: bool, count: int = 500, rate: float = 50.0) -> list[float]:
     """Pickup delays (ms) of `count` actions enqueued one per transaction at `rate`, one idle executor."""
     import outbox
     from bench import kinds
 
     with harness.fresh_database(psycopg_url(admin), name) as (url, engine), tempfile.TemporaryDirectory() as tmp:
-        prepare_fair(admin, name, parked, no_statistics)
+        prepare_fair(admin, name, parked)
         pickups = Path(tmp) / "pickups"
         env = {"OUTBOX_BENCH_PICKUP_FILE": str(pickups)}
         processes = harness.start_executors(
@@ -444,18 +396,13 @@ def pickup(
 
 
 def fairness(admin: str, args: argparse.Namespace) -> dict[str, list[Fair]]:
-    paused = f"1 paused, {BACKLOG:,} due heads first"
-    cases = {
-        "no paused destination": (False, False),
-        paused: (True, False),
-        f"{paused}, destination without statistics": (True, True),
-    }
+    cases = {"no paused destination": False, f"1 paused, {BACKLOG:,} due heads first": True}
     runs: dict[str, list[Fair]] = defaultdict(list)
     for rnd in range(args.rounds):
         for label in rotated(list(cases), rnd):
-            parked, no_statistics = cases[label]
-            rate, claims, claim_ms, buffers = burn_down(admin, "claim_dest_fair", args.jobs, parked, no_statistics)
-            delays = pickup(admin, "claim_dest_pickup", parked, no_statistics)
+            parked = cases[label]
+            rate, claims, claim_ms, buffers = burn_down(admin, "claim_dest_fair", args.jobs, parked)
+            delays = pickup(admin, "claim_dest_pickup", parked)
             q = statistics.quantiles(delays, n=100)
             runs[label].append(Fair(rate, q[49], q[94], claims, claim_ms, buffers))
             print(
