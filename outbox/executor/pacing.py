@@ -1,20 +1,21 @@
 """The numbers of a destination's pause, pace and breaker, shared by every executor through the database.
 
 Pause. A provider's slow-down (outbox.executor.results.SlowDown) pauses its destination: for the wait the
-provider named (a Retry-After), else for one token of its pace (1 / pace seconds; with no pace,
-PAUSE_BASE_SECONDS), doubling with each slow-down in a row, up to PAUSE_CAP_SECONDS. The slow-downs of attempts
-that were claimed before the pause, and answered during it, change nothing (but for a longer wait the
-provider names). No executor claims for a paused destination. A paced destination's pause is short: the
-lowered pace is what keeps it under the limit, and a long pause in every cycle of the pace would cost more
-than the refusals it saves.
+provider named (a Retry-After), else for one token of its pace (1 / pace seconds, at least MIN_PAUSE_SECONDS;
+with no pace, PAUSE_BASE_SECONDS), doubling with each slow-down in a row (the provider accepted nothing since
+the last pause ended), up to PAUSE_CAP_SECONDS. The slow-downs of attempts that were claimed before the
+pause, and answered during it, change nothing (but for a longer wait the provider names). No executor claims
+for a paused destination. A paced destination's pause is short: the lowered pace is what keeps it under the
+limit, and a long pause in every cycle of the pace would cost more than the refusals it saves; a provider
+that refuses everything (a window of its limit used up) doubles it.
 
-Pace. The same slow-down lowers the destination's pace to DECREASE of what it was: the pace then, else its
-configured rate, else the attempts it accepted a second since the first it accepted in the last
-MEASURE_SECONDS, over at least MEASURE_FLOOR_SECONDS (when it accepted fewer than MIN_ACCEPTED, it gets no
-pace: the pause alone; at a cold start most attempts are still in flight, and a pace measured over a few
-would be far too low), at most once in SETTLE_SECONDS, never below MIN_PACE. From there the pace rises by
-RISE of itself a second (at least MIN_RISE attempts a second, a second), so it climbs back to the provider's
-limit and finds it again: additive increase, multiplicative decrease. A pace not lowered for
+Pace. Each slow-down that finds its destination not paused lowers the pace to DECREASE of what it was: the
+pace then, else its configured rate, else the attempts it accepted a second since the first it accepted in the
+last MEASURE_SECONDS, over at least MEASURE_FLOOR_SECONDS (when it accepted fewer than MIN_ACCEPTED, it gets
+no pace: the pause alone; at a cold start most attempts are still in flight, and a pace measured over a few
+would be far too low), never below MIN_PACE. From there the pace rises by RISE of itself a second (at least
+MIN_RISE attempts a second, a second; to at most twice itself and one more), so it climbs back to the
+provider's limit and finds it again: additive increase, multiplicative decrease. A pace not lowered for
 PACE_HOLD_SECONDS is over; the destination is open again. With a configured rate the lower of the two holds.
 
 Breaker. An executor that saw only failed attempts (a Retry: refused, reset, 5xx, no answer) to a destination
@@ -33,7 +34,7 @@ DECREASE = 0.9
 MEASURE_SECONDS = 2.0
 MEASURE_FLOOR_SECONDS = 0.5
 MIN_ACCEPTED = 5
-SETTLE_SECONDS = 1.0
+MIN_PAUSE_SECONDS = 0.25
 MIN_PACE = 0.1
 RISE = 0.01
 MIN_RISE = 0.5
@@ -51,6 +52,6 @@ SLOW_DOWN = PACE | {
     "measure": MEASURE_SECONDS,
     "measure_floor": MEASURE_FLOOR_SECONDS,
     "min_accepted": MIN_ACCEPTED,
-    "settle": SETTLE_SECONDS,
+    "min_pause": MIN_PAUSE_SECONDS,
     "min_pace": MIN_PACE,
 }

@@ -42,10 +42,12 @@ UPDATE agent_destination SET rate = NULL, updated_at = now()
  WHERE name = ANY (CAST(:names AS text[])) AND rate IS NOT NULL
 """)
 
-# The pace now: the pace as lowered, risen since by `:rise` of itself a second (at least `:min_rise`); a pace
-# unlowered for `:pace_hold` seconds is over (null).
+# The pace now: the pace as lowered, risen since by `:rise` of itself a second (at least `:min_rise`), to at
+# most twice itself and one more (a pace far above what the executors reach would only find the limit again by
+# a run of refusals); a pace unlowered for `:pace_hold` seconds is over (null).
 _PACE_NOW = """CASE WHEN {t}.pace IS NULL OR now() - {t}.pace_at > make_interval(secs => :pace_hold) THEN NULL
-     ELSE {t}.pace + greatest({t}.pace * :rise, :min_rise) * extract(epoch FROM now() - {t}.pace_at) END"""
+     ELSE least(2 * {t}.pace + 1,
+                {t}.pace + greatest({t}.pace * :rise, :min_rise) * extract(epoch FROM now() - {t}.pace_at)) END"""
 
 # Heads of one held destination, as many as it allows now (its row locked FOR UPDATE: one executor at a time
 # takes its tokens): paused, none; broken, one probe when its probe time has come (the next is then
@@ -111,15 +113,17 @@ SELECT c.*,
 # attempts claimed before it change nothing but for a longer wait the provider names. Otherwise the pace is
 # lowered to `:decrease` of what it was (the pace now; the configured rate; else the attempts it accepted a
 # second since the first it accepted in the last `:measure` seconds, over at least `:measure_floor` seconds,
-# when it accepted at least `:min_accepted`; else it gets no pace: the pause alone), at most once in `:settle`
-# seconds, never below `:min_pace`; and the pause is the provider's wait, or else one token of the pace (no
-# pace: `:base` seconds), doubling with each slow-down in a row (one within twice its pause after the last
-# pause ended), at most `:cap`. An operator's pause stays the operator's.
+# when it accepted at least `:min_accepted`; else it gets no pace: the pause alone), never below `:min_pace`;
+# and the pause is the provider's wait, or else one token of the pace, at least `:min_pause` (no pace: `:base`
+# seconds), doubling with each slow-down in a row (one after the last pause ended, within twice its length,
+# with nothing accepted since), at most `:cap`. An operator's pause stays the operator's.
 SLOW_DOWN = text(f"""
 WITH found AS MATERIALIZED (
     SELECT d.*, coalesce(d.paused_until > now(), false) AS paused,
            d.paused_until IS NOT NULL AND now() < d.paused_until + make_interval(
-               secs => 2 * least(:cap, :base * 2 ^ least(greatest(d.slow_downs - 1, 0), 30))) AS in_a_row,
+               secs => 2 * least(:cap, :base * 2 ^ least(greatest(d.slow_downs - 1, 0), 30)))
+               AND NOT EXISTS (SELECT FROM agent_action AS a WHERE a.ended_at > d.paused_until
+                                  AND a.destination = d.name AND a.state = 'DONE') AS in_a_row,
            {_PACE_NOW.format(t="d")} AS pace_now
       FROM agent_destination AS d WHERE d.name = :name FOR UPDATE
 ), accepted AS MATERIALIZED (
@@ -128,13 +132,12 @@ WITH found AS MATERIALIZED (
 ), measured AS MATERIALIZED (
     SELECT f.*,
            CASE WHEN f.paused THEN f.slow_downs WHEN f.in_a_row THEN f.slow_downs + 1 ELSE 1 END AS streak,
-           NOT f.paused AND (f.pace_at IS NULL OR now() - f.pace_at >= make_interval(secs => :settle)) AS settled,
            coalesce(f.pace_now, f.rate, (
                SELECT a.n / greatest(:measure_floor, extract(epoch FROM now() - a.first)) FROM accepted AS a
                 WHERE a.n >= :min_accepted)) AS pace_was
       FROM found AS f
 ), lowered AS MATERIALIZED (
-    SELECT m.*, m.settled AND m.pace_was IS NOT NULL AS lowers FROM measured AS m
+    SELECT m.*, NOT m.paused AND m.pace_was IS NOT NULL AS lowers FROM measured AS m
 ), counted AS MATERIALIZED (
     SELECT l.*, CASE WHEN l.lowers THEN greatest(:min_pace, :decrease * l.pace_was) ELSE l.pace_now END AS pace_then
       FROM lowered AS l
@@ -145,7 +148,7 @@ UPDATE agent_destination AS d
            WHEN c.paused AND CAST(:after AS float8) IS NULL THEN d.paused_until
            ELSE greatest(d.paused_until, now() + make_interval(secs => coalesce(
                CAST(:after AS float8),
-               least(:cap, coalesce(1 / c.pace_then, :base) * 2 ^ least(c.streak - 1, 30))))) END,
+               least(:cap, greatest(:min_pause, coalesce(1 / c.pace_then, :base)) * 2 ^ least(c.streak - 1, 30))))) END,
        paused_by = CASE WHEN c.paused AND d.paused_by = 'operator' THEN 'operator' ELSE 'provider' END,
        pause_reason = CASE WHEN c.paused AND d.paused_by = 'operator' THEN d.pause_reason
                            ELSE left(:reason, 500) END,
