@@ -154,12 +154,10 @@ def slow_down(conn: Any, name: str, kind: str, *, after: float | None) -> None:
 
 
 def pace_lowered(conn: Any, name: str, kind: str = NOOP) -> None:
-    """Slow-downs of the rated destination `name` until its pace is lowered (to 0.9 of its rate), its pause
-    then over."""
+    """A slow-down of the rated destination `name`: its pace lowered to 0.9 of its rate, its pause then over."""
     end_pause = text("UPDATE agent_destination SET paused_until = now() - interval '1 second' WHERE name = :name")
-    for _ in range(2):
-        slow_down(conn, name, kind, after=None)
-        conn.execute(end_pause, {"name": name})
+    slow_down(conn, name, kind, after=None)
+    conn.execute(end_pause, {"name": name})
 
 
 @pytest.mark.parametrize(
