@@ -22,7 +22,6 @@ import asyncio
 import base64
 import sys
 import time
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,7 +31,8 @@ from bench.harness import fresh_database, server_url
 from demo.receiver import Receiver
 from outbox.db import async_engine
 from outbox.executor import Executor, ExecutorConfig
-from outbox.webhook import WebhookAdapter, WebhookEvent, enqueue_webhook, register_endpoint, register_webhook_event
+from outbox.webhook import WebhookAdapter, enqueue_webhook, register_endpoint, register_webhook_event
+from tests.webhook_events import NumberedHook
 
 SECRET = "whsec_" + base64.b64encode(b"b" * 32).decode()
 HEALTHY_SECONDS = 60.0
@@ -40,22 +40,9 @@ HEALTHY_SECONDS = 60.0
 DRAIN_SECONDS = 600.0
 
 
-class Pinged(WebhookEvent):
+class Pinged(NumberedHook):
     name = "bench.pinged"
     endpoint = "down"
-    workspace_scoped = False
-
-    def params(self, event: dict[str, Any]) -> dict[str, Any]:
-        return {}
-
-    def compose(self, event: dict[str, Any], rows: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
-        return {"n": event["n"]}
-
-    def idempotency_key(self, event: dict[str, Any]) -> str:
-        return f"pinged:{event['n']}"
-
-    def lane_key(self, event: dict[str, Any]) -> str:
-        return f"pinged:{event['n']}"
 
 
 PINGED = Pinged()

@@ -14,7 +14,7 @@ import base64
 import json
 import re
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -32,8 +32,8 @@ from demo.stack import ROOT
 from flows.drain import drain, emit_destination
 from outbox.executor import ActionAttempt, Executor, ExecutorConfig, Result, Retry
 from outbox.store import executor as store_executor
-from outbox.webhook import WebhookEvent, enqueue_webhook, register_endpoint
 from outbox.webhook import endpoints as endpoint_registry
+from outbox.webhook import enqueue_webhook, register_endpoint
 from outbox.webhook import events as event_registry
 from outbox.webhook import register as register_webhook
 from tests import kinds
@@ -42,6 +42,7 @@ from tests.prefect_server import PrefectServer
 from tests.support import until
 from tests.test_executor_results import enqueue
 from tests.test_flows import enqueue_alerts
+from tests.webhook_events import NumberedHook
 
 NOTIFY_FILE = ROOT / "deploy" / "prefect-notify.yaml"
 PLACEHOLDER = "REPLACE_WITH_NOTIFICATION_BLOCK_ID"
@@ -173,24 +174,11 @@ async def test_an_email_the_relay_refuses_ends_failed_and_is_one_event(
         assert RECIPIENT not in json.dumps(event)
 
 
-class RefusedHook(WebhookEvent):
+class RefusedHook(NumberedHook):
     """A webhook whose receiver answers 410 Gone to the first delivery and keeps the second."""
 
     name = "test.refused"
     endpoint = "prefect-hooks"
-    workspace_scoped = False
-
-    def params(self, event: dict[str, Any]) -> dict[str, Any]:
-        return {}
-
-    def compose(self, event: dict[str, Any], rows: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
-        return {"n": event["n"]}
-
-    def idempotency_key(self, event: dict[str, Any]) -> str:
-        return f"prefect-hook:{event['n']}"
-
-    def lane_key(self, event: dict[str, Any]) -> str:
-        return f"prefect-hook:{event['n']}"
 
 
 async def test_a_webhook_the_receiver_refuses_is_one_event_with_its_webhook_id_signed_by_a_prefect_secret(
@@ -299,24 +287,11 @@ async def test_the_automation_notifies_once_per_event_through_a_webhook_block(
                 await client.delete_automation(automation.id)
 
 
-class SlowedHook(WebhookEvent):
+class SlowedHook(NumberedHook):
     """A webhook whose receiver asks twice to slow down (429 with Retry-After: 1), then keeps it."""
 
     name = "test.slowed"
     endpoint = "prefect-slowed"
-    workspace_scoped = False
-
-    def params(self, event: dict[str, Any]) -> dict[str, Any]:
-        return {}
-
-    def compose(self, event: dict[str, Any], rows: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
-        return {"n": event["n"]}
-
-    def idempotency_key(self, event: dict[str, Any]) -> str:
-        return f"prefect-slowed:{event['n']}"
-
-    def lane_key(self, event: dict[str, Any]) -> str:
-        return f"prefect-slowed:{event['n']}"
 
 
 async def test_a_destination_its_receiver_slows_down_is_a_paused_then_a_resumed_event(

@@ -11,7 +11,7 @@ from __future__ import annotations
 import base64
 import re
 import ssl
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,9 +29,10 @@ from outbox.email.replies import BEFORE_DATA, REPLY_RULES, SLOW_DOWN_WORDS, Repl
 from outbox.executor import Defer, Executor, Failed, Retry, SlowDown, Uncertain
 from outbox.executor.backoff import SLOW_DOWN_CAP_SECONDS, SLOW_DOWN_DEFERRALS, slow_down_delay
 from outbox.metrics.exporter import registry_for
-from outbox.webhook import WebhookAdapter, WebhookEvent, enqueue_webhook, register_endpoint, register_webhook_event
+from outbox.webhook import WebhookAdapter, enqueue_webhook, register_endpoint, register_webhook_event
 from outbox.webhook import endpoints as endpoint_registry
 from outbox.webhook import events as event_registry
+from tests.webhook_events import NumberedHook
 
 ROOT = Path(__file__).resolve().parent.parent
 ALICE, BOB = "alice@example.com", "bob@example.com"
@@ -318,22 +319,9 @@ def test_every_verdict_of_the_rules_is_a_result() -> None:
 SECRET = "whsec_" + base64.b64encode(b"s" * 32).decode()
 
 
-class Pinged(WebhookEvent):
+class Pinged(NumberedHook):
     name = "test.pinged"
     endpoint = "slowdown"
-    workspace_scoped = False
-
-    def params(self, event: dict[str, Any]) -> dict[str, Any]:
-        return {}
-
-    def compose(self, event: dict[str, Any], rows: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
-        return {"n": event["n"]}
-
-    def idempotency_key(self, event: dict[str, Any]) -> str:
-        return f"pinged:{event['n']}"
-
-    def lane_key(self, event: dict[str, Any]) -> str:
-        return f"pinged:{event['n']}"
 
 
 @pytest.fixture

@@ -20,7 +20,7 @@ import base64
 import itertools
 import socket
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -30,41 +30,24 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from demo.receiver import Receiver, Seen
 from outbox.executor import Executor, ExecutorConfig
-from outbox.webhook import WebhookAdapter, WebhookEvent, enqueue_webhook_async, register_endpoint
+from outbox.webhook import WebhookAdapter, enqueue_webhook_async, register_endpoint
 from outbox.webhook import endpoints as endpoint_registry
 from outbox.webhook import events as event_registry
 from outbox.webhook.events import register_webhook_event
 from tests.test_nats import until_async
+from tests.webhook_events import NumberedHook
 
 SECRET = "whsec_" + base64.b64encode(b"d" * 32).decode()
 # an executor's few slots: the executors must share the work, and a paused endpoint's heads would fill them
 FEW_SLOTS = ExecutorConfig(concurrency=4, poll_seconds=0.2)
 
 
-class Ping(WebhookEvent):
-    """A webhook with nothing to look up, one lane each, to the endpoint its subclass names."""
-
-    workspace_scoped = False
-
-    def params(self, event: dict[str, Any]) -> dict[str, Any]:
-        return {}
-
-    def compose(self, event: dict[str, Any], rows: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
-        return {"n": event["n"]}
-
-    def idempotency_key(self, event: dict[str, Any]) -> str:
-        return f"{self.name}:{event['n']}"
-
-    def lane_key(self, event: dict[str, Any]) -> str:
-        return f"{self.name}:{event['n']}"
-
-
-class AlphaPing(Ping):
+class AlphaPing(NumberedHook):
     name = "alpha.ping"
     endpoint = "alpha"
 
 
-class BetaPing(Ping):
+class BetaPing(NumberedHook):
     name = "beta.ping"
     endpoint = "beta"
 
@@ -115,7 +98,7 @@ async def two_executors(aengine: AsyncEngine, config: ExecutorConfig) -> AsyncIt
             await adapter.aclose()
 
 
-async def enqueue(aengine: AsyncEngine, definition: Ping, numbers: range) -> None:
+async def enqueue(aengine: AsyncEngine, definition: NumberedHook, numbers: range) -> None:
     async with aengine.begin() as conn:
         for n in numbers:
             await enqueue_webhook_async(conn, definition, {"n": n})
