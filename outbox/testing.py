@@ -17,6 +17,7 @@ from sqlalchemy import Connection
 
 from outbox import kind_rows, migrate
 from outbox.kinds import ActionKind
+from outbox.store import destinations as store_destinations
 from outbox.store import executor as store_executor
 
 if TYPE_CHECKING:  # the executor loads with `drain`, not with the kinds' helpers
@@ -74,7 +75,7 @@ async def drain(
     for _ in range(max_rounds):
         async with engine.begin() as conn:
             made_due = (await conn.execute(store_executor.MAKE_WAITING_DUE)).rowcount
-            made_due += (await conn.execute(store_executor.END_PROVIDER_PAUSES)).rowcount
+            made_due += (await conn.execute(store_destinations.END_PROVIDER_PAUSES)).rowcount
         before = executor.outcomes.attempted
         await executor.run(until_idle=True)
         if made_due == 0 and executor.outcomes.attempted == before:

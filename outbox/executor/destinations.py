@@ -56,13 +56,12 @@ class Destinations:
     def __init__(
         self, store: ExecutorStore, adapters: Iterable[ActionAdapter], config: ExecutorConfig, outcomes: Outcomes
     ) -> None:
-        """`store`: the executor's own, for the claims and reads of its loop. What attempts tell (a slow-down,
-        a breaker, a mend) is written on a connection of its own, opened at the first such write: those are
-        transactions of two statements, which must not take in a claim the loop sends meanwhile."""
+        """`store`: the executor's own. Every call is a statement of its own in autocommit, so what an attempt
+        writes (a slow-down, a breaker, a mend) and the loop's claims share its connection."""
         self._store = store
-        self._writes = ExecutorStore(store.url)
         self._rates = adapter_rates(adapters)
         self._config = config
+        self._claim_params = PACE | {"probe_seconds": config.probe_seconds}
         self._outcomes = outcomes
         # the held destinations of this executor's kinds, as the last refresh found them: name -> broken
         self._held: dict[str, bool] = {}
@@ -73,9 +72,6 @@ class Destinations:
         self._paused: dict[str, str] = {}
         # the earliest loop time a held destination may allow more: the loop wakes then
         self.wake_at = math.inf
-
-    async def close(self) -> None:
-        await self._writes.close()
 
     async def start(self) -> bool:
         """Write the adapters' configured rates; True once written."""
@@ -106,7 +102,7 @@ class Destinations:
                 self.wake_at = min(self.wake_at, self._not_before[name])
                 continue
             found, next_seconds = await self._store.claim_destination(
-                name, limit - len(claimed), lease_seconds, kinds, PACE | {"probe_seconds": self._config.probe_seconds}
+                name, limit - len(claimed), lease_seconds, kinds, self._claim_params
             )
             claimed += found
             if next_seconds is not None:
@@ -125,7 +121,7 @@ class Destinations:
         name = action.destination
         if isinstance(result, SlowDown):
             named = result.after if result.named else None
-            slowed = await self._writes.slow_down(name, action.kind.name, named, result.reason, SLOW_DOWN)
+            slowed = await self._store.slow_down(name, action.kind.name, named, result.reason, SLOW_DOWN)
             self._held[name] = self._held.get(name, False)
             self._not_before[name] = asyncio.get_running_loop().time() + max(0.0, slowed.pause_seconds)
             if slowed.newly_paused:
@@ -138,7 +134,7 @@ class Destinations:
             await self._failed(name, action.kind.name)
         elif isinstance(result, Done):
             self._failing.pop(name, None)
-            if self._held.get(name) and await self._writes.mend_destination(name):
+            if self._held.get(name) and await self._store.mend_destination(name):
                 self._held[name] = False
                 self._change(name, action.kind.name, "mended", "an attempt succeeded")
         return result
@@ -149,7 +145,7 @@ class Destinations:
         failing.count += 1
         if self._held.get(name) or failing.count < BREAK_FAILURES or now - failing.since < self._config.break_seconds:
             return
-        if await self._writes.break_destination(name, kind, self._config.probe_seconds):
+        if await self._store.break_destination(name, kind, self._config.probe_seconds):
             reason = f"{failing.count} attempts in {now - failing.since:.0f} s failed, none succeeded"
             self._change(name, kind, "broken", reason)
         self._held[name] = True

@@ -215,7 +215,6 @@ class Executor:
         await self._committer.close()
         await self._tried(self._store.leave(self.executor_id))
         await self._store.close()
-        await self._destinations.close()
 
     async def _wait_inflight(self, seconds: float | None) -> None:
         if self._inflight:

@@ -113,7 +113,7 @@ class ExecutorStore:
     """
 
     def __init__(self, url: str) -> None:
-        self.url = url
+        self._url = url
         self._conn: psycopg.AsyncConnection[Any] | None = None
 
     async def close(self) -> None:
@@ -123,7 +123,7 @@ class ExecutorStore:
 
     async def _connection(self) -> psycopg.AsyncConnection[Any]:
         if self._conn is None or self._conn.closed:
-            self._conn = await connect_async(self.url, autocommit=True, row_factory=namedtuple_row)
+            self._conn = await connect_async(self._url, autocommit=True, row_factory=namedtuple_row)
         return self._conn
 
     async def _rows(self, statement: TextClause, params: dict[str, Any]) -> list[Any]:

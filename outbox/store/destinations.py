@@ -9,6 +9,7 @@ rates the executors set, and the operator's view and commands.
     slow-down     ─▶ ADD_DESTINATION, SLOW_DOWN              (pause; lower the pace)
     breaker       ─▶ ADD_DESTINATION, BREAK; MEND            (broken since; a probe that succeeded)
     operator      ─▶ ADD_DESTINATION, PAUSE, RESUME (the list: outbox.store.destination_rows)
+    testing.drain ─▶ END_PROVIDER_PAUSES
 
 A destination without a row is open. The pace, the pause and the breaker are described with their numbers
 in outbox.executor.pacing; every time is the database clock.
@@ -199,4 +200,14 @@ UPDATE agent_destination
        probe_at = NULL, pace = NULL, pace_at = NULL, updated_at = now()
  WHERE name = :name
 RETURNING name
+""")
+
+# `outbox.testing.drain`, before each round: every pause a provider asked for over, every learned pace
+# forgotten (an operator's pause and a configured rate stay)
+END_PROVIDER_PAUSES = text("""
+UPDATE agent_destination
+   SET paused_until = CASE WHEN paused_by = 'provider' THEN NULL ELSE paused_until END,
+       paused_by = CASE WHEN paused_by = 'provider' THEN NULL ELSE paused_by END,
+       pace = NULL, pace_at = NULL, slow_downs = 0
+ WHERE paused_by = 'provider' OR pace IS NOT NULL
 """)

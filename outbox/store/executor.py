@@ -229,12 +229,3 @@ SELECT id, outcome, found_epoch, found_state FROM decided
 # `outbox.testing.drain`, before each round: every waiting action due now (a drain cuts retries' backoff and
 # deferrals short)
 MAKE_WAITING_DUE = text("UPDATE agent_action SET due_at = now() WHERE state = 'ADMITTED' AND due_at > now()")
-# and every pause a provider asked for over, every learned pace forgotten (an operator's pause and a configured
-# rate stay)
-END_PROVIDER_PAUSES = text("""
-UPDATE agent_destination
-   SET paused_until = CASE WHEN paused_by = 'provider' THEN NULL ELSE paused_until END,
-       paused_by = CASE WHEN paused_by = 'provider' THEN NULL ELSE paused_by END,
-       pace = NULL, pace_at = NULL, slow_downs = 0
- WHERE paused_by = 'provider' OR pace IS NOT NULL
-""")
