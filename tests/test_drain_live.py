@@ -28,16 +28,20 @@ from prefect.logging.handlers import APILogHandler
 from sqlalchemy import Engine, text
 
 from examples.accounts import events, notices
+from flows import live as live_view
 from flows.drain import SUMMARY_KEY, drain
-from flows.live import LIVE_KEY, LIVE_SECONDS, LOG_SECONDS
+from flows.live import LIVE_KEY
 from outbox.email import enqueue_email
 from outbox.nats import enqueue_event
 from tests.prefect_server import PrefectServer, serve
 from tests.support import prefect_post
 from tests.test_flows import enqueue_alerts
 
-pytestmark = pytest.mark.usefixtures("outbox_logger_restored")
+pytestmark = pytest.mark.usefixtures("outbox_logger_restored", "short_live_periods")
 
+# the live view's periods (30 s between refreshes, 60 s between log lines) shortened, so the test waits for each
+# rule to act instead of for the clock
+LIVE_SECONDS, LOG_SECONDS = 1.0, 3.0
 EMAILS = 3  # workspace 10's alerts, one lane: the run's attempts
 EVENTS = {10: 4, 11: 2}  # events per workspace, one lane each: left due, as no executor carries them out
 T = TypeVar("T")
@@ -49,6 +53,12 @@ def ui_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrefectServe
 
     home = tmp_path_factory.mktemp("prefect-ui-home")
     yield from serve(PrefectServer(f"http://127.0.0.1:{free_port()}", home, ui=True))
+
+
+@pytest.fixture
+def short_live_periods(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(live_view, "LIVE_SECONDS", LIVE_SECONDS)
+    monkeypatch.setattr(live_view, "LOG_SECONDS", LOG_SECONDS)
 
 
 def enqueue_workload(engine: Engine) -> None:

@@ -213,11 +213,11 @@ def insert_both(conn: Connection, before: Before) -> int:
         conn.execute(
             text(
                 f"INSERT INTO {table} (id, kind, workspace_id, lane_key, idempotency_key, payload, max_attempts,"
-                " state, attempt, epoch, lease_expires_at, write_started_at, stop_reason, ended_at)"
+                " state, attempt, epoch, lease_expires_at, write_started_at, stop_reason, ended_at, destination)"
                 " VALUES (:id, :kind, 1, 'lane', :key, CASE WHEN :payload THEN '{\"n\": 1}'::jsonb END, 5,"
                 " :state, :attempt, :epoch, CASE WHEN :lease THEN now() + interval '1 min' END,"
                 " CASE WHEN :write THEN now() - interval '1 s' END, :reason,"
-                " CASE WHEN :ended THEN now() - interval '1 h' END)"
+                " CASE WHEN :ended THEN now() - interval '1 h' END, lower(:kind))"
             ),
             values,
         )

@@ -62,7 +62,9 @@ def test_fences_are_hot_updates(engine: Engine) -> None:
 
 def load(engine: Engine) -> None:
     with engine.begin() as conn:
-        conn.execute(text("SET LOCAL session_replication_role = replica"))  # past the guard and the lane triggers
+        conn.execute(
+            text("SET LOCAL session_replication_role = replica")
+        )  # past the guard, the lane and the destination triggers
         conn.execute(
             text("""
             INSERT INTO agent_action (kind, workspace_id, lane_key, idempotency_key, max_attempts, state, attempt,
@@ -75,9 +77,9 @@ def load(engine: Engine) -> None:
         conn.execute(
             text("""
             INSERT INTO agent_action (kind, workspace_id, lane_key, idempotency_key, payload, max_attempts, state,
-                                      attempt, epoch, lease_expires_at)
+                                      attempt, epoch, lease_expires_at, destination)
             SELECT :kind, 1, 'busy-' || g, 'busy-' || g, '{}', 5, 'EXECUTING', 1, 1,
-                   now() + (g - 10) * interval '1 min'
+                   now() + (g - 10) * interval '1 min', lower(:kind)
               FROM generate_series(1, 40) AS g
             """),
             {"kind": kinds.NOOP.name},
