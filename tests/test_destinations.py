@@ -3,6 +3,7 @@ pause and pace, the breaker's probes, and the plain claim that never waits for a
 
     enqueue / raw INSERT ─▶ agent_action.destination (the kind's, or the payload check's)
     two ExecutorStores ─claim_destination, concurrently─▶ claim times (lease_expires_at - lease) per 1 s window
+    two executors' Destinations ─gate, bunched attempts─▶ the times their turns came, per 1 s window
     slow_down / break_destination / mend_destination ─▶ agent_destination ─▶ what claim and claim_destination take
 
 The executors' own behaviour against real relays and receivers is in tests/test_throttled_relay.py,
@@ -12,6 +13,7 @@ tests/test_postfix_relay.py and tests/test_webhook.py.
 from __future__ import annotations
 
 import asyncio
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -21,6 +23,11 @@ from sqlalchemy import Engine, text
 
 from outbox import ActionRequest, enqueue
 from outbox.db import conninfo
+from outbox.executor.attempt import DestinationWaits
+from outbox.executor.claimed import ClaimedAction
+from outbox.executor.config import ExecutorConfig
+from outbox.executor.destinations import Destinations
+from outbox.executor.outcomes import Outcomes
 from outbox.executor.pacing import MEASURE_FLOOR_SECONDS, MIN_ACCEPTED, PACE, PAUSE_BASE_SECONDS, SLOW_DOWN
 from outbox.executor.store import ExecutorStore
 from outbox.rates import MAX_PER_SECOND, Rate, parse_rate
@@ -159,6 +166,81 @@ def test_two_executors_together_never_exceed_the_rate_plus_the_burst(engine: Eng
     assert worst <= RATE + BURST, worst
     span = times[-1] - times[0]
     assert len(times) >= RATE * span * 0.8, (len(times), span)  # and the rate is used, not starved
+
+
+def gated_action(n: int) -> ClaimedAction:
+    """An attempt of destination test_noop as a claim hands it over (the gate reads its destination only)."""
+    return ClaimedAction(
+        n, kinds.NOOP, f"lane-{n}", f"k-{n}", 1, None, None, 1, 5, 1, None, datetime.now(UTC), LEASE,
+        destination="test_noop",
+    )  # fmt: skip
+
+
+def test_attempts_that_reach_their_fences_bunched_take_turns_at_the_rate_plus_the_burst(engine: Engine) -> None:
+    """Two executors' attempts arrive at the gate in bunches of twice the rate (as claims made over a second
+    that a busy machine brings to their fences at once): they pass it at most the rate and the burst in any
+    second, and at the rate over the run."""
+    with engine.begin() as conn:
+        conn.execute(
+            text("INSERT INTO agent_destination (name, kind, rate, burst) VALUES ('test_noop', 'TEST_NOOP', :r, :b)"),
+            {"r": RATE, "b": BURST},
+        )
+    bunch, bunches = int(2 * RATE), 3
+
+    async def executor(first: int) -> list[float]:
+        async def attempts(store: ExecutorStore) -> list[float]:
+            destinations = Destinations(store, [], ExecutorConfig(), Outcomes())
+            await destinations.refresh([kinds.NOOP.name])
+            loop = asyncio.get_running_loop()
+            passed: list[float] = []
+
+            async def attempt(n: int) -> None:
+                await destinations.gate(gated_action(n))
+                passed.append(loop.time())
+
+            for b in range(bunches):
+                await asyncio.gather(*(attempt(first + b * bunch + i) for i in range(bunch // 2)))
+            return passed
+
+        found: list[float] = await with_store(engine, attempts)
+        return found
+
+    async def both() -> list[float]:
+        first, second = await asyncio.gather(executor(0), executor(10_000))
+        return sorted(first + second)
+
+    times = run(both())
+    assert len(times) == bunch * bunches
+    worst = max(sum(1 for u in times if t <= u < t + 1.0) for t in times)
+    assert worst <= RATE + BURST, worst
+    span = times[-1] - times[0]
+    assert (len(times) - BURST) / span == pytest.approx(RATE, rel=0.1), span
+
+
+def test_an_attempt_of_a_paused_destination_waits_the_pause_or_defers_a_long_one(engine: Engine) -> None:
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO agent_destination (name, kind, paused_until, paused_by)"
+                " VALUES ('test_noop', 'TEST_NOOP', now() + interval '0.5 s', 'provider')"
+            )
+        )
+
+    async def gate(store: ExecutorStore) -> float:
+        destinations = Destinations(store, [], ExecutorConfig(), Outcomes())
+        await destinations.refresh([kinds.NOOP.name])
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        await destinations.gate(gated_action(1))
+        waited = loop.time() - started
+        await store.slow_down("test_noop", "TEST_NOOP", 60.0, "429; Retry-After 60", SLOW_DOWN)
+        with pytest.raises(DestinationWaits) as waits:
+            await destinations.gate(gated_action(2))
+        assert 59 < waits.value.seconds <= 60 and "paused" in str(waits.value)
+        return waited
+
+    waited = run(with_store(engine, gate))
+    assert 0.3 < waited < 5, waited  # the rest of the pause, then its turn at once (an open bucket)
 
 
 # -- a slow-down -------------------------------------------------------------------------------------------

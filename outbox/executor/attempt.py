@@ -4,6 +4,13 @@
                                                 only while >= 60 s of the lease are left (own short txn)
             ◀── WriteWindow (deadline) or FenceRefused (taken by a newer claim, erased, lease too short)
 
+An attempt whose destination is held (paced, rated or paused: outbox.executor.destinations) first waits for
+its turn, so that the provider sees the pace however long each attempt took to reach its fence:
+
+    attempt.fence().begin_write() ──gate──▶ its turn now, or after a wait (the attempt sleeps)
+                                          ─▶ a wait longer than pacing's GATE_WAIT_SECONDS: DestinationWaits
+                                             (the executor ends the attempt Defer: it does not count)
+
 The window's deadline is local monotonic time: the time the fence was sent plus 60 s. The database
 granted at least that much lease after it received the fence, so a replica whose wall clock is hours
 off computes the same window.
@@ -30,7 +37,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Protocol
 
 from outbox import tracing
@@ -57,6 +64,19 @@ class FenceRefused(OutboxError):
     def __init__(self, action_id: int, reason: str) -> None:
         super().__init__(f"action {action_id}: fence refused: {reason}")
         self.reason = reason
+
+
+class DestinationWaits(FenceRefused):
+    """The attempt's destination will not take it for `seconds` (a pause, or a turn further off than an
+    attempt waits): the fence is not asked, and the attempt ends Defer for that long."""
+
+    def __init__(self, action_id: int, seconds: float, reason: str) -> None:
+        super().__init__(action_id, reason)
+        self.seconds = seconds
+
+
+# before its fence, an attempt waits for its destination's turn (None: an open destination, no wait)
+Gate = Callable[[ClaimedAction], Awaitable[None]]
 
 
 class WriteWindow:
@@ -86,6 +106,8 @@ class Fence:
         attempt = self._attempt
         if attempt.window is not None:
             return attempt.window
+        if attempt.gate is not None:
+            await attempt.gate(attempt.action)
         sent_at = asyncio.get_running_loop().time()
         refusal = await attempt.committer.begin_write(attempt.action, attempt.noted_trace())
         tracing.fence_event(refusal)
@@ -98,9 +120,10 @@ class Fence:
 class ActionAttempt:
     """One attempt at one action. Only the executor creates it."""
 
-    def __init__(self, action: ClaimedAction, committer: WriteFence) -> None:
+    def __init__(self, action: ClaimedAction, committer: WriteFence, gate: Gate | None = None) -> None:
         self.action = action
         self.committer = committer
+        self.gate = gate
         self.window: WriteWindow | None = None
         self._trace: dict[str, TraceValue] = dict(action.trace or {})
         self._noted = False

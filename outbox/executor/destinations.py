@@ -5,6 +5,8 @@
     claim ──▶ the plain claim skips every held destination (in its own statement)
           ──▶ claim(): for each held destination whose time has come, CLAIM_DESTINATION_HEADS ─▶ the
               seconds until it may allow more (its pause's end, its probe, its next token): `wake_at`
+    fence ──▶ gate(): an attempt of a held destination takes its turn (TAKE_SEND_TOKEN) and waits for it;
+              paused, it waits the pause and asks again; a wait over GATE_WAIT_SECONDS: DestinationWaits
     result ──SlowDown──▶ slow_down: pause and lower the pace for every executor; the action waits the pause
            ──Retry────▶ the destination's run of failures; BREAK_FAILURES of them over `break_seconds` with
                         no success: broken (one probe every `probe_seconds`)
@@ -25,10 +27,11 @@ import math
 from collections.abc import Iterable, Mapping
 
 from outbox.executor.adapter import ActionAdapter
+from outbox.executor.attempt import DestinationWaits
 from outbox.executor.claimed import ClaimedAction
 from outbox.executor.config import ExecutorConfig
 from outbox.executor.outcomes import DestinationChange, Outcomes
-from outbox.executor.pacing import BREAK_FAILURES, PACE, PAUSE_CAP_SECONDS, SLOW_DOWN
+from outbox.executor.pacing import BREAK_FAILURES, GATE_WAIT_SECONDS, PACE, PAUSE_CAP_SECONDS, SLOW_DOWN
 from outbox.executor.results import Done, Result, Retry, SlowDown
 from outbox.executor.store import ExecutorStore
 from outbox.rates import Rate
@@ -114,6 +117,21 @@ class Destinations:
             if name in self._not_before:
                 self.wake_at = min(self.wake_at, self._not_before[name])
         return claimed
+
+    async def gate(self, action: ClaimedAction) -> None:
+        """Before the fence of an attempt: nothing for an open destination; for a held one, wait for the
+        attempt's turn (outbox.executor.pacing's turns). Raises DestinationWaits when the turn, or the
+        destination's pause, is more than GATE_WAIT_SECONDS away."""
+        name = action.destination
+        while name in self._held:
+            wait, paused = await self._store.take_send_token(name, PACE)
+            if wait > GATE_WAIT_SECONDS:
+                why = "paused" if paused else "its turn is"
+                raise DestinationWaits(action.id, wait, f"destination {name}: {why} {wait:.1f} s away")
+            if wait > 0:
+                await asyncio.sleep(wait)
+            if not paused:
+                return
 
     async def saw(self, action: ClaimedAction, result: Result) -> Result:
         """What `result` tells of the action's destination, written for every executor; the result to record

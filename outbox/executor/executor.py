@@ -45,7 +45,7 @@ from outbox import tracing
 from outbox.connection import behind_pooler, connect_async
 from outbox.db import conninfo, fault_text, url_conninfo
 from outbox.executor.adapter import ActionAdapter
-from outbox.executor.attempt import ActionAttempt, FenceRefused
+from outbox.executor.attempt import ActionAttempt, DestinationWaits, FenceRefused
 from outbox.executor.backoff import own_fault_delay, retry_delay
 from outbox.executor.claimed import AttemptReport, ClaimedAction, FinishWrite
 from outbox.executor.committer import Committer
@@ -292,7 +292,7 @@ class Executor:
 
     def _spawn(self, action: ClaimedAction) -> None:
         assert self._committer is not None
-        attempt = ActionAttempt(action, self._committer)
+        attempt = ActionAttempt(action, self._committer, self._destinations.gate)
         started = asyncio.get_running_loop().time()
         task = asyncio.create_task(self._carry_out(attempt, started), name=f"outbox-action-{action.id}")
         self._inflight[task] = attempt
@@ -339,6 +339,9 @@ class Executor:
         adapter = self._adapters[action.kind.name]
         try:
             result: Result = await adapter.execute(attempt)
+        except DestinationWaits as waits:
+            # its destination is paused, or its turn is far off: nothing was written, the attempt does not count
+            result = Defer(waits.seconds, waits.reason)
         except FenceRefused as refused:
             # before the fence: nothing was written. After it: the window closed before the provider call.
             result = Retry(refused.reason) if attempt.fenced else Abandoned(refused.reason)

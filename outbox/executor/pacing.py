@@ -18,6 +18,14 @@ MIN_RISE attempts a second, a second; to at most twice itself and one more), so 
 provider's limit and finds it again: additive increase, multiplicative decrease. A pace not lowered for
 PACE_HOLD_SECONDS is over; the destination is open again. With a configured rate the lower of the two holds.
 
+Turns. The claim takes a paced destination's heads as its token bucket allows, which bounds what is in flight;
+the attempts then reach the provider at their own speed (a notice's query, a connection), and on a busy
+machine those claimed in one second could reach it in the next together with that second's own. So each
+attempt of a held destination takes a token of a second bucket just before its fence, as full and as fast as
+the first, and waits for its turn when there is none: the provider sees at most the rate and the burst in
+any second. An attempt whose turn, or its destination's pause, is more than GATE_WAIT_SECONDS away waits no
+longer: it ends Defer (it does not count) and its lane's head is due when the wait is over.
+
 Breaker. An executor that saw only failed attempts (a Retry: refused, reset, 5xx, no answer) to a destination
 for `ExecutorConfig.break_seconds` (30 s), at least BREAK_FAILURES of them, marks it broken: no executor
 claims for it but one probe every `ExecutorConfig.probe_seconds` (15 s; the probe's attempt counts as any
@@ -41,6 +49,7 @@ MIN_RISE = 0.5
 PACE_HOLD_SECONDS = 600.0
 
 BREAK_FAILURES = 5
+GATE_WAIT_SECONDS = 10.0
 
 # the parameters of the pace in outbox.store.destinations' statements; a learned pace's bucket holds
 # BURST_SECONDS of it (outbox.rates), as a configured rate's does

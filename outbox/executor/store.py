@@ -193,6 +193,13 @@ class ExecutorStore:
         claimed = [claimed_action(row, fresh=True) for row in rows if row.id is not None]
         return claimed, rows[0].next_seconds if rows else None
 
+    async def take_send_token(self, name: str, pacing: Mapping[str, float]) -> tuple[float, bool]:
+        """An attempt of the held destination `name`, before its fence (destinations.TAKE_SEND_TOKEN): the
+        seconds until its turn (0: now; its token is taken either way) and whether the destination is paused
+        (then no token was taken, and the seconds are the rest of the pause)."""
+        rows = await self._rows(destinations.TAKE_SEND_TOKEN, {"name": name, **pacing})
+        return (rows[0].wait_seconds, rows[0].paused) if rows else (0.0, False)
+
     async def held_destinations(self) -> list[tuple[str, str, bool]]:
         """The destinations held back from the plain claim (paused, broken, paced or with a rate): name, kind,
         and whether it is broken."""

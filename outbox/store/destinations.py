@@ -6,6 +6,7 @@ rates the executors set, and the operator's view and commands.
     claim         ─▶ CLAIM_READY_HEADS (outbox.store.executor) skips every destination HELD names;
                      CLAIM_DESTINATION_HEADS claims for one held destination: as many heads as its tokens,
                      one probe of a broken one at its probe time, none while it is paused
+    before a fence ─▶ TAKE_SEND_TOKEN                        (an attempt of a held destination: its turn)
     slow-down     ─▶ ADD_DESTINATION, SLOW_DOWN              (pause; lower the pace)
     breaker       ─▶ ADD_DESTINATION, BREAK; MEND            (broken since; a probe that succeeded)
     operator      ─▶ ADD_DESTINATION, PAUSE, RESUME (the list: outbox.store.destination_rows)
@@ -110,14 +111,47 @@ SELECT c.*,
   FROM allowed AS g LEFT JOIN claimed AS c ON true
 """)
 
+# An attempt of a held destination, just before its fence: a token of the second bucket, the one that shapes
+# when attempts reach the provider (the claim's bounds what is in flight). Paused: no token, and `wait_seconds`
+# is the rest of the pause (the attempt asks again after it). Otherwise the token is taken even when the bucket
+# holds less than one (it goes below zero: the turns given to attempts already waiting), and `wait_seconds` is
+# the time until the attempt's turn (0: now). The bucket refills at the rate or the pace, whichever is lower,
+# and holds as much as the claim's; it starts full. An open destination (no rate, no pace) never waits.
+TAKE_SEND_TOKEN = text(f"""
+WITH found AS MATERIALIZED (
+    SELECT d.name, coalesce(d.paused_until > now(), false) AS paused, d.paused_until, d.burst, d.send_tokens,
+           d.send_tokens_at,
+           least(coalesce(d.rate, 'infinity'), coalesce({_PACE_NOW.format(t="d")}, 'infinity')) AS per_second
+      FROM agent_destination AS d WHERE d.name = :name FOR UPDATE
+), sized AS MATERIALIZED (
+    SELECT f.*, greatest(f.burst, f.per_second * :burst_seconds) AS size FROM found AS f
+), allowed AS MATERIALIZED (
+    SELECT s.*,
+           CASE WHEN s.paused OR s.per_second = 'infinity' THEN NULL
+                ELSE least(s.size, coalesce(s.send_tokens + s.per_second * extract(epoch FROM now() - s.send_tokens_at),
+                                            s.size)) END AS available
+      FROM sized AS s
+)
+UPDATE agent_destination AS d
+   SET send_tokens = coalesce(g.available - 1, d.send_tokens),
+       send_tokens_at = CASE WHEN g.available IS NULL THEN d.send_tokens_at ELSE now() END
+  FROM allowed AS g
+ WHERE d.name = g.name
+RETURNING g.paused,
+          CASE WHEN g.paused THEN extract(epoch FROM g.paused_until - now())
+               WHEN g.available IS NULL THEN 0
+               ELSE greatest(0, 1 - g.available) / g.per_second END::float8 AS wait_seconds
+""")
+
 # A provider's slow-down (its row made first by ADD_DESTINATION). While a pause lasts, the slow-downs of the
 # attempts claimed before it change nothing but for a longer wait the provider names. Otherwise the pace is
 # lowered to `:decrease` of what it was (the pace now; the configured rate; else the attempts it accepted a
 # second since the first it accepted in the last `:measure` seconds, over at least `:measure_floor` seconds,
-# when it accepted at least `:min_accepted`; else it gets no pace: the pause alone), never below `:min_pace`;
-# and the pause is the provider's wait, or else one token of the pace, at least `:min_pause` (no pace: `:base`
-# seconds), doubling with each slow-down in a row (one after the last pause ended, within twice its length,
-# with nothing accepted since), at most `:cap`. An operator's pause stays the operator's.
+# when it accepted at least `:min_accepted`; else it gets no pace: the pause alone), never below `:min_pace`,
+# and both its token buckets are emptied (the turns already given stay given); and the pause is the
+# provider's wait, or else one token of the pace, at least `:min_pause` (no pace: `:base` seconds), doubling
+# with each slow-down in a row (one after the last pause ended, within twice its length, with nothing
+# accepted since), at most `:cap`. An operator's pause stays the operator's.
 SLOW_DOWN = text(f"""
 WITH found AS MATERIALIZED (
     SELECT d.*, coalesce(d.paused_until > now(), false) AS paused,
@@ -157,6 +191,8 @@ UPDATE agent_destination AS d
        pace_at = CASE WHEN c.lowers THEN now() ELSE d.pace_at END,
        tokens = CASE WHEN c.lowers THEN 0 ELSE d.tokens END,
        tokens_at = CASE WHEN c.lowers THEN now() ELSE d.tokens_at END,
+       send_tokens = CASE WHEN c.lowers THEN least(coalesce(d.send_tokens, 0), 0) ELSE d.send_tokens END,
+       send_tokens_at = CASE WHEN c.lowers THEN now() ELSE d.send_tokens_at END,
        updated_at = now()
   FROM counted AS c
  WHERE d.name = c.name
