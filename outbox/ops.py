@@ -68,7 +68,7 @@ def status(conn: Connection) -> Status:
     )
     claimable = conn.execute(store_metrics.CLAIMABLE_BY_KIND).all()
     due_admitted = sum(row.actions for row in conn.execute(store_metrics.DUE_ADMITTED_BY_KIND))
-    ages = [row.oldest_due_seconds for row in claimable if row.oldest_due_seconds is not None]
+    ages = [row.oldest_due_seconds for row in claimable if row.actions > 0]
     lanes = conn.execute(store_ops.COUNT_LANES).one()
     window = UNCERTAIN_WINDOW.total_seconds()
     uncertain = tuple(

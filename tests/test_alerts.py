@@ -273,7 +273,7 @@ def test_a_comparison_inside_the_query_never_fires_under_a_gt_0_threshold(promet
 
 # ---- the backlog alert on what the collector reads from a real database --------------------------------
 
-BACKOFF_KIND, STUCK_KIND = kinds.NOOP.name, kinds.READBACK.name
+BACKOFF_KIND, STUCK_KIND, PAUSED_KIND = kinds.NOOP.name, kinds.READBACK.name, kinds.ONCE.name
 BACKLOG_SERIES = ("outbox_oldest_due_age_seconds", "outbox_due_actions", "outbox_lane_waiting_actions")
 RECORDED_MINUTES = 30
 MOVE_CLOCK_A_MINUTE = text(
@@ -286,6 +286,7 @@ async def recorded_backlog(engine: Engine, aengine: AsyncEngine) -> dict[str, li
 
     TEST_NOOP: one lane, its head retried with a four-hour backoff (an executor ran it), four due actions
     behind it. TEST_READBACK: one lane whose head is due, and no executor claims it (its executor is stuck).
+    TEST_ONCE: one lane whose head is due, its destination paused by an operator (OutboxDestinationPaused's).
     """
     for _ in range(5):
         enqueue(engine, lane="backoff")
@@ -295,6 +296,15 @@ async def recorded_backlog(engine: Engine, aengine: AsyncEngine) -> dict[str, li
 
     await Executor(aengine, [ScriptedAdapter(kinds.NOOP, backoff)], listen=False).run(until_idle=True)
     enqueue(engine, lane="stuck", kind=kinds.READBACK, workspace_id=None)
+    enqueue(engine, lane="paused", kind=kinds.ONCE)
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO agent_destination (name, kind, paused_until, paused_by)"
+                " VALUES (:name, :kind, 'infinity', 'operator')"
+            ),
+            {"name": kinds.ONCE.destination, "kind": PAUSED_KIND},
+        )
     recorded: dict[str, list[float]] = {}
     for minute in range(RECORDED_MINUTES + 1):
         if minute:
@@ -302,7 +312,7 @@ async def recorded_backlog(engine: Engine, aengine: AsyncEngine) -> dict[str, li
                 conn.execute(MOVE_CLOCK_A_MINUTE)
         found = test_metrics.samples(test_metrics.scrape(engine))
         for name in BACKLOG_SERIES:
-            for kind in (BACKOFF_KIND, STUCK_KIND):
+            for kind in (BACKOFF_KIND, STUCK_KIND, PAUSED_KIND):
                 recorded.setdefault(f'{name}{{kind="{kind}"}}', []).append(test_metrics.value(found, name, kind=kind))
     return recorded
 
@@ -349,7 +359,7 @@ def promtool_case(recorded: dict[str, list[float]]) -> dict[str, Any]:
     }
 
 
-async def test_a_lane_behind_a_backoff_is_quiet_beside_a_kind_nothing_claims(
+async def test_a_lane_behind_a_backoff_or_a_paused_destination_is_quiet_beside_a_kind_nothing_claims(
     engine: Engine, aengine: AsyncEngine, tmp_path: Path
 ) -> None:
     recorded = await recorded_backlog(engine, aengine)
@@ -357,6 +367,9 @@ async def test_a_lane_behind_a_backoff_is_quiet_beside_a_kind_nothing_claims(
     assert set(recorded[f'outbox_lane_waiting_actions{{kind="{BACKOFF_KIND}"}}']) == {4}
     assert set(recorded[f'outbox_due_actions{{kind="{BACKOFF_KIND}"}}']) == {0}
     assert set(recorded[f'outbox_due_actions{{kind="{STUCK_KIND}"}}']) == {1}
+    # the paused destination's head waits for its destination, not for an executor
+    assert set(recorded[f'outbox_due_actions{{kind="{PAUSED_KIND}"}}']) == {0}
+    assert set(recorded[f'outbox_lane_waiting_actions{{kind="{PAUSED_KIND}"}}']) == {0}
     assert_only_the_stuck_kind_alerts(recorded, tmp_path)
 
 
@@ -365,7 +378,11 @@ def assert_only_the_stuck_kind_alerts(recorded: dict[str, list[float]], tmp_path
     end = BASE + WINDOW
     with serving(recorded_openmetrics(recorded, end), tmp_path) as url:
         states = grafana_rules.evaluate(rules()["OutboxBacklogStale"], url, range(end - 20 * 60, end + 1, 60))
-    assert states == {(("kind", BACKOFF_KIND),): "Normal", (("kind", STUCK_KIND),): "Alerting"}
+    assert states == {
+        (("kind", BACKOFF_KIND),): "Normal",
+        (("kind", STUCK_KIND),): "Alerting",
+        (("kind", PAUSED_KIND),): "Normal",
+    }
 
     promtool = shutil.which("promtool")
     assert promtool, "promtool is missing: .ci/run installs Debian's prometheus"

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from sqlalchemy import Connection, TextClause, text
 
+from outbox.store.executor import HELD
+
 # ---- counters: fold the added rows into one per label set (writers only), then read them ----------------
 
 # pg_advisory_xact_lock key of the tally merge (the bytes of "outboxtl"): one merge at a time, the others skip
@@ -87,21 +89,26 @@ KIND_NAMES = text("SELECT name FROM agent_action_kind")
 # What an executor could claim now, by kind: the lane holders that are ADMITTED, due and not expired
 # (ix_agent_action_ready), as the claim takes them; and the expired leases the sweep takes back, claimable
 # since their lease expired. An expired lease that the sweep ends instead (an at-most-once write that
-# started, or the last attempt) is no claim. `heads` is the part that is lane heads.
-CLAIMABLE_BY_KIND = text("""
-WITH claimable AS (
-    SELECT a.kind, a.due_at AS since, true AS head
-      FROM agent_action AS a
+# started, or the last attempt) is no claim. The heads of a destination held back (paused, broken, paced or
+# rated) wait for their destination, not for an executor: `actions` and `oldest_due_seconds` (0: none) leave
+# them out, and the destinations' own figures (outbox.store.destination_rows) count them; `heads` counts
+# every due lane head, theirs too, so that what waits behind a head is the due actions less `heads`.
+CLAIMABLE_BY_KIND = text(f"""
+WITH held AS MATERIALIZED (
+    SELECT coalesce(array_agg(name), '{{}}') AS names FROM agent_destination WHERE {HELD}
+), claimable AS (
+    SELECT a.kind, a.due_at AS since, true AS head, coalesce(a.destination = ANY (h.names), false) AS held
+      FROM agent_action AS a CROSS JOIN held AS h
      WHERE a.lane_head AND a.state = 'ADMITTED' AND a.due_at <= now()
        AND (a.expires_at IS NULL OR a.expires_at > now())
     UNION ALL
-    SELECT a.kind, a.lease_expires_at, false
+    SELECT a.kind, a.lease_expires_at, false, false
       FROM agent_action AS a JOIN agent_action_kind AS k ON k.name = a.kind
      WHERE a.state = 'EXECUTING' AND a.lease_expires_at <= now() AND a.attempt < a.max_attempts
        AND NOT (k.at_most_once AND a.write_started_at IS NOT NULL)
 )
-SELECT kind, count(*) AS actions, count(*) FILTER (WHERE head) AS heads,
-       extract(epoch FROM now() - min(since))::float8 AS oldest_due_seconds
+SELECT kind, count(*) FILTER (WHERE NOT held) AS actions, count(*) FILTER (WHERE head) AS heads,
+       coalesce(extract(epoch FROM now() - min(since) FILTER (WHERE NOT held)), 0)::float8 AS oldest_due_seconds
   FROM claimable GROUP BY kind
 """)
 # ADMITTED actions due and not expired, by kind (ix_agent_action_admitted_due): the claimable lane heads
