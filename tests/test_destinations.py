@@ -20,9 +20,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from sqlalchemy import Engine, text
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from outbox import ActionRequest, enqueue
 from outbox.db import conninfo
+from outbox.executor import ActionAttempt, Executor, Result, SlowDown
 from outbox.executor.attempt import DestinationWaits
 from outbox.executor.claimed import ClaimedAction
 from outbox.executor.config import ExecutorConfig
@@ -32,6 +34,8 @@ from outbox.executor.pacing import MEASURE_FLOOR_SECONDS, MIN_ACCEPTED, PACE, PA
 from outbox.executor.store import ExecutorStore
 from outbox.rates import MAX_PER_SECOND, Rate, parse_rate
 from tests import kinds
+from tests.adapters import ScriptedAdapter
+from tests.support import until
 
 LEASE = 300.0
 KINDS = [kinds.NOOP.name, kinds.READBACK.name]
@@ -241,6 +245,39 @@ def test_an_attempt_of_a_paused_destination_waits_the_pause_or_defers_a_long_one
 
     waited = run(with_store(engine, gate))
     assert 0.3 < waited < 5, waited  # the rest of the pause, then its turn at once (an open bucket)
+
+
+async def test_an_attempt_whose_destination_paused_after_its_claim_defers_uncounted(
+    engine: Engine, aengine: AsyncEngine
+) -> None:
+    """Two heads claimed together; the first attempt's provider names a wait of a minute; the second reaches
+    its fence after that: it is not sent, and neither attempt counts."""
+    insert_due(engine, 2)
+
+    def paused() -> bool:
+        with engine.connect() as conn:
+            return bool(conn.execute(text("SELECT paused_until > now() FROM agent_destination")).scalar())
+
+    async def behaviour(attempt: ActionAttempt) -> Result:
+        if attempt.action.id == first:
+            return SlowDown(60.0, "429; Retry-After 60", named=True)
+        await asyncio.to_thread(until, paused, 30, "the other attempt's slow-down")
+        await attempt.fence().begin_write()
+        raise AssertionError("the fence of a paused destination's attempt was granted")
+
+    with engine.connect() as conn:
+        first = conn.execute(text("SELECT min(id) FROM agent_action")).scalar_one()
+    await Executor(aengine, [ScriptedAdapter(kinds.NOOP, behaviour)], listen=False).run(until_idle=True)
+    with engine.connect() as conn:
+        rows = conn.execute(
+            text(
+                "SELECT state, attempt, epoch, write_started_at, last_error,"
+                " extract(epoch FROM due_at - now()) AS wait FROM agent_action ORDER BY id"
+            )
+        ).all()
+    assert [(r.state, r.attempt, r.epoch, r.write_started_at) for r in rows] == [("ADMITTED", 0, 1, None)] * 2
+    assert all(55 < r.wait <= 60 for r in rows), rows
+    assert "paused" in rows[1].last_error, rows[1].last_error
 
 
 # -- a slow-down -------------------------------------------------------------------------------------------

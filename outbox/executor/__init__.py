@@ -17,7 +17,7 @@ from outbox.exports import lazy_names
 
 if TYPE_CHECKING:
     from outbox.executor.adapter import ActionAdapter
-    from outbox.executor.attempt import ActionAttempt, FenceRefused, WriteWindow
+    from outbox.executor.attempt import ActionAttempt, DestinationWaits, FenceRefused, WriteWindow
     from outbox.executor.config import ExecutorConfig
     from outbox.executor.executor import Executor
     from outbox.executor.results import (
@@ -38,6 +38,7 @@ _HOMES = {
     "ActionAttempt": "outbox.executor.attempt",
     "Cancelled": "outbox.executor.results",
     "Defer": "outbox.executor.results",
+    "DestinationWaits": "outbox.executor.attempt",
     "Done": "outbox.executor.results",
     "Executor": "outbox.executor.executor",
     "ExecutorConfig": "outbox.executor.config",
@@ -56,6 +57,7 @@ __all__ = [
     "ActionAttempt",
     "Cancelled",
     "Defer",
+    "DestinationWaits",
     "Done",
     "Executor",
     "ExecutorConfig",

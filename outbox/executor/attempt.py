@@ -66,13 +66,16 @@ class FenceRefused(OutboxError):
         self.reason = reason
 
 
-class DestinationWaits(FenceRefused):
+class DestinationWaits(OutboxError):
     """The attempt's destination will not take it for `seconds` (a pause, or a turn further off than an
-    attempt waits): the fence is not asked, and the attempt ends Defer for that long."""
+    attempt waits): the fence was not asked. An adapter lets it escape, and the executor ends the attempt
+    Defer for that long. Not a FenceRefused, so an adapter that turns a refused fence into Abandoned leaves
+    this one to the executor."""
 
     def __init__(self, action_id: int, seconds: float, reason: str) -> None:
-        super().__init__(action_id, reason)
+        super().__init__(f"action {action_id}: {reason}")
         self.seconds = seconds
+        self.reason = reason
 
 
 # before its fence, an attempt waits for its destination's turn (None: an open destination, no wait)
