@@ -30,7 +30,13 @@ from outbox.executor.claimed import ClaimedAction
 from outbox.executor.config import ExecutorConfig
 from outbox.executor.destinations import Destinations
 from outbox.executor.outcomes import Outcomes
-from outbox.executor.pacing import MEASURE_FLOOR_SECONDS, MIN_ACCEPTED, PACE, PAUSE_BASE_SECONDS, SLOW_DOWN
+from outbox.executor.pacing import (
+    MEASURE_FLOOR_SECONDS,
+    MIN_ACCEPTED,
+    PACE,
+    PAUSE_BASE_SECONDS,
+    SLOW_DOWN,
+)
 from outbox.executor.store import ExecutorStore
 from outbox.rates import MAX_PER_SECOND, Rate, parse_rate
 from tests import kinds
@@ -330,6 +336,32 @@ def test_a_slow_down_lowers_the_pace_from_what_the_provider_accepted(
         conn.execute(text("UPDATE agent_action SET state = 'DONE', stop_reason = 'CONFIRMED'"))
     slowed = run(with_store(engine, lambda s: s.slow_down("test_noop", "TEST_NOOP", None, "421", SLOW_DOWN)))
     assert slowed.pace == (pytest.approx(pace) if pace is not None else None)
+
+
+def test_a_slow_down_in_a_row_takes_a_pace_from_as_few_as_one_accepted(engine: Engine) -> None:
+    """Fewer than MIN_ACCEPTED accepted: the first slow-down pauses alone; the next one in a row (nothing
+    accepted since the pause ended) takes its pace from those few, so that the executors do not send their
+    whole concurrency again after every pause while it doubles."""
+    accepted = 2
+    insert_due(engine, accepted)
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "UPDATE agent_action SET state = 'EXECUTING', epoch = 1, attempt = 1,"
+                " lease_expires_at = now() + interval '5 min'"
+            )
+        )
+        conn.execute(text("UPDATE agent_action SET state = 'DONE', stop_reason = 'CONFIRMED'"))
+
+    def slow() -> Any:
+        return run(with_store(engine, lambda s: s.slow_down("test_noop", "TEST_NOOP", None, "421", SLOW_DOWN)))
+
+    assert slow().pace is None
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE agent_destination SET paused_until = now()"))  # the pause is over
+    again = slow()
+    assert 0 < again.pace <= 0.9 * accepted / MEASURE_FLOOR_SECONDS
+    assert destination(engine).slow_downs == 2
 
 
 def test_an_operator_s_pause_stays_the_operator_s(engine: Engine) -> None:

@@ -13,7 +13,11 @@ Pace. Each slow-down that finds its destination not paused lowers the pace to DE
 pace then, else its configured rate, else the attempts it accepted a second since the first it accepted in the
 last MEASURE_SECONDS, over at least MEASURE_FLOOR_SECONDS (when it accepted fewer than MIN_ACCEPTED, it gets
 no pace: the pause alone; at a cold start most attempts are still in flight, and a pace measured over a few
-would be far too low), never below MIN_PACE. From there the pace rises by RISE of itself a second (at least
+would be far too low), never below MIN_PACE. A slow-down in a row takes its pace from what was accepted since
+MEASURE_SECONDS before the last pause began, from as few as one: without a pace every executor claims its
+whole concurrency again when a pause ends, the provider refuses the first of those before the ones it
+accepted have ended, and the pause doubled to minutes with the backlog waiting. Only a provider that
+accepted nothing over that span keeps the pause alone. From there the pace rises by RISE of itself a second (at least
 MIN_RISE attempts a second, a second; to at most twice itself and one more), so it climbs back to the
 provider's limit and finds it again: additive increase, multiplicative decrease. A pace not lowered for
 PACE_HOLD_SECONDS is over; the destination is open again. With a configured rate the lower of the two holds.

@@ -147,7 +147,9 @@ RETURNING g.paused,
 # attempts claimed before it change nothing but for a longer wait the provider names. Otherwise the pace is
 # lowered to `:decrease` of what it was (the pace now; the configured rate; else the attempts it accepted a
 # second since the first it accepted in the last `:measure` seconds, over at least `:measure_floor` seconds,
-# when it accepted at least `:min_accepted`; else it gets no pace: the pause alone), never below `:min_pace`,
+# when it accepted at least `:min_accepted`; else it gets no pace: the pause alone; for a slow-down in a row,
+# what it accepted from `:measure` seconds before the last pause began, when at least one), never below
+# `:min_pace`,
 # and both its token buckets are emptied (the turns already given stay given); and the pause is the
 # provider's wait, or else one token of the pace, at least `:min_pause` (no pace: `:base` seconds), doubling
 # with each slow-down in a row (one after the last pause ended, within twice its length, with nothing
@@ -155,22 +157,30 @@ RETURNING g.paused,
 SLOW_DOWN = text(f"""
 WITH found AS MATERIALIZED (
     SELECT d.*, coalesce(d.paused_until > now(), false) AS paused,
-           d.paused_until IS NOT NULL AND now() < d.paused_until + make_interval(
-               secs => 2 * least(:cap, :base * 2 ^ least(greatest(d.slow_downs - 1, 0), 30)))
+           d.paused_until IS NOT NULL AND now() < d.paused_until + 2 * l.pause_was
                AND NOT EXISTS (SELECT FROM agent_action AS a WHERE a.ended_at > d.paused_until
                                   AND a.destination = d.name AND a.state = 'DONE') AS in_a_row,
-           {_PACE_NOW.format(t="d")} AS pace_now
-      FROM agent_destination AS d WHERE d.name = :name FOR UPDATE
-), accepted AS MATERIALIZED (
-    SELECT count(*) AS n, min(a.ended_at) AS first FROM agent_action AS a
-     WHERE a.ended_at > now() - make_interval(secs => :measure) AND a.destination = :name AND a.state = 'DONE'
-), measured AS MATERIALIZED (
-    SELECT f.*,
-           CASE WHEN f.paused THEN f.slow_downs WHEN f.in_a_row THEN f.slow_downs + 1 ELSE 1 END AS streak,
-           coalesce(f.pace_now, f.rate, (
-               SELECT a.n / greatest(:measure_floor, extract(epoch FROM now() - a.first)) FROM accepted AS a
-                WHERE a.n >= :min_accepted)) AS pace_was
+           l.pause_was, {_PACE_NOW.format(t="d")} AS pace_now
+      FROM agent_destination AS d
+     CROSS JOIN LATERAL (
+         SELECT make_interval(secs => least(:cap, :base * 2 ^ least(greatest(d.slow_downs - 1, 0), 30))) AS pause_was
+     ) AS l
+     WHERE d.name = :name FOR UPDATE OF d
+), again AS MATERIALIZED (
+    SELECT f.*, f.in_a_row AND NOT f.paused AS again,
+           CASE WHEN f.in_a_row AND NOT f.paused THEN f.paused_until - f.pause_was - make_interval(secs => :measure)
+                ELSE now() - make_interval(secs => :measure) END AS measured_since
       FROM found AS f
+), accepted AS MATERIALIZED (
+    SELECT count(*) AS n, min(a.ended_at) AS first FROM agent_action AS a, again AS g
+     WHERE a.ended_at > g.measured_since AND a.destination = :name AND a.state = 'DONE'
+), measured AS MATERIALIZED (
+    SELECT g.*,
+           CASE WHEN g.paused THEN g.slow_downs WHEN g.in_a_row THEN g.slow_downs + 1 ELSE 1 END AS streak,
+           coalesce(g.pace_now, g.rate, (
+               SELECT a.n / greatest(:measure_floor, extract(epoch FROM now() - a.first)) FROM accepted AS a
+                WHERE a.n >= CASE WHEN g.again THEN 1 ELSE :min_accepted END)) AS pace_was
+      FROM again AS g
 ), lowered AS MATERIALIZED (
     SELECT m.*, NOT m.paused AND m.pace_was IS NOT NULL AS lowers FROM measured AS m
 ), counted AS MATERIALIZED (
