@@ -293,8 +293,9 @@ def destination(engine: Engine, name: str = "test_noop") -> Any:
     with engine.connect() as conn:
         return conn.execute(
             text(
-                "SELECT extract(epoch FROM paused_until - now()) AS paused_for, paused_by, pause_reason, pace,"
-                " slow_downs, broken_since IS NOT NULL AS broken FROM agent_destination WHERE name = :name"
+                "SELECT (extract(epoch FROM paused_until) - extract(epoch FROM now()))::float8 AS paused_for,"
+                " paused_by, pause_reason, pace, slow_downs, broken_since IS NOT NULL AS broken"
+                " FROM agent_destination WHERE name = :name"
             ),
             {"name": name},
         ).one()

@@ -125,8 +125,9 @@ class Destinations:
         name = action.destination
         while name in self._held:
             wait, paused = await self._store.take_send_token(name, PACE)
-            if wait > GATE_WAIT_SECONDS:
+            if wait > GATE_WAIT_SECONDS:  # an operator's pause without end is Infinity: the longest wait then
                 why = "paused" if paused else "its turn is"
+                wait = min(wait, PAUSE_CAP_SECONDS)
                 raise DestinationWaits(action.id, wait, f"destination {name}: {why} {wait:.1f} s away")
             if wait > 0:
                 await asyncio.sleep(wait)
@@ -141,7 +142,9 @@ class Destinations:
             named = result.after if result.named else None
             slowed = await self._store.slow_down(name, action.kind.name, named, result.reason, SLOW_DOWN)
             self._held[name] = self._held.get(name, False)
-            self._not_before[name] = asyncio.get_running_loop().time() + max(0.0, slowed.pause_seconds)
+            # claimed for again at its pause's end, or within the poll interval (an operator may resume it)
+            wait = min(max(0.0, slowed.pause_seconds), self._config.poll_seconds)
+            self._not_before[name] = asyncio.get_running_loop().time() + wait
             if slowed.newly_paused:
                 self._paused[name] = action.kind.name
                 pace = f"; pace {slowed.pace:.3g}/s" if slowed.pace is not None else ""

@@ -44,6 +44,10 @@ UPDATE agent_destination SET rate = NULL, updated_at = now()
  WHERE name = ANY (CAST(:names AS text[])) AND rate IS NOT NULL
 """)
 
+# The seconds from now until a time that may be an operator's pause without end ('infinity': Infinity; PostgreSQL
+# before 17 refuses to subtract an infinite time)
+_SECONDS_UNTIL = "(extract(epoch FROM {t}) - extract(epoch FROM now()))"
+
 # The pace now: the pace as lowered, risen since by `:rise` of itself a second (at least `:min_rise`), to at
 # most twice itself and one more (a pace far above what the executors reach would only find the limit again by
 # a run of refusals); a pace unlowered for `:pace_hold` seconds is over (null).
@@ -104,7 +108,7 @@ WITH locked AS MATERIALIZED (
      WHERE d.name = g.name
 )
 SELECT c.*,
-       CASE WHEN g.paused THEN extract(epoch FROM g.paused_until - now())
+       CASE WHEN g.paused THEN {_SECONDS_UNTIL.format(t="g.paused_until")}
             WHEN g.broken THEN greatest(0, extract(epoch FROM coalesce(g.probe_at, now()) - now()))
             WHEN g.per_second = 'infinity' OR (SELECT n FROM taken) < floor(g.available) THEN NULL
             ELSE greatest(0, 1 - (g.available - (SELECT n FROM taken))) / g.per_second END::float8 AS next_seconds
@@ -138,7 +142,7 @@ UPDATE agent_destination AS d
   FROM allowed AS g
  WHERE d.name = g.name
 RETURNING g.paused,
-          CASE WHEN g.paused THEN extract(epoch FROM g.paused_until - now())
+          CASE WHEN g.paused THEN {_SECONDS_UNTIL.format(t="g.paused_until")}
                WHEN g.available IS NULL THEN 0
                ELSE greatest(0, 1 - g.available) / g.per_second END::float8 AS wait_seconds
 """)
@@ -206,7 +210,7 @@ UPDATE agent_destination AS d
        updated_at = now()
   FROM counted AS c
  WHERE d.name = c.name
-RETURNING extract(epoch FROM d.paused_until - now())::float8 AS pause_seconds, d.pace, NOT c.paused AS newly_paused
+RETURNING {_SECONDS_UNTIL.format(t="d.paused_until")}::float8 AS pause_seconds, d.pace, NOT c.paused AS newly_paused
 """)
 
 # Every attempt failed for the breaker's window: the destination is broken; its first probe comes
