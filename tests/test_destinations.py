@@ -320,13 +320,9 @@ def test_a_slow_down_pauses_doubles_in_a_row_and_ignores_the_attempts_already_in
     assert (found.paused_by, found.slow_downs, found.pause_reason) == ("provider", 2, "mail: 454; slow down")
 
 
-@pytest.mark.parametrize(("accepted", "pace"), [(40, 0.9 * 40 / MEASURE_FLOOR_SECONDS), (MIN_ACCEPTED - 1, None)])
-def test_a_slow_down_lowers_the_pace_from_what_the_provider_accepted(
-    engine: Engine, accepted: int, pace: float | None
-) -> None:
-    """Accepted at once, just now: a rate measured over the shortest span (0.5 s), lowered to 90 %; fewer than
-    MIN_ACCEPTED: no pace (a cold start, whose attempts are mostly still in flight), the pause alone."""
-    insert_due(engine, accepted)
+def accepted_just_now(engine: Engine, n: int) -> None:
+    """`n` actions of test_noop that its provider accepted just now (DONE, through the guard's moves)."""
+    insert_due(engine, n)
     with engine.begin() as conn:
         conn.execute(
             text(
@@ -335,7 +331,21 @@ def test_a_slow_down_lowers_the_pace_from_what_the_provider_accepted(
             )
         )
         conn.execute(text("UPDATE agent_action SET state = 'DONE', stop_reason = 'CONFIRMED'"))
-    slowed = run(with_store(engine, lambda s: s.slow_down("test_noop", "TEST_NOOP", None, "421", SLOW_DOWN)))
+
+
+def slow_down(engine: Engine) -> Any:
+    """A 421 slow-down of test_noop, no wait named."""
+    return run(with_store(engine, lambda s: s.slow_down("test_noop", "TEST_NOOP", None, "421", SLOW_DOWN)))
+
+
+@pytest.mark.parametrize(("accepted", "pace"), [(40, 0.9 * 40 / MEASURE_FLOOR_SECONDS), (MIN_ACCEPTED - 1, None)])
+def test_a_slow_down_lowers_the_pace_from_what_the_provider_accepted(
+    engine: Engine, accepted: int, pace: float | None
+) -> None:
+    """Accepted at once, just now: a rate measured over the shortest span (0.5 s), lowered to 90 %; fewer than
+    MIN_ACCEPTED: no pace (a cold start, whose attempts are mostly still in flight), the pause alone."""
+    accepted_just_now(engine, accepted)
+    slowed = slow_down(engine)
     assert slowed.pace == (pytest.approx(pace) if pace is not None else None)
 
 
@@ -344,23 +354,12 @@ def test_a_slow_down_in_a_row_takes_a_pace_from_as_few_as_one_accepted(engine: E
     accepted since the pause ended) takes its pace from those few, so that the executors do not send their
     whole concurrency again after every pause while it doubles."""
     accepted = 2
-    insert_due(engine, accepted)
-    with engine.begin() as conn:
-        conn.execute(
-            text(
-                "UPDATE agent_action SET state = 'EXECUTING', epoch = 1, attempt = 1,"
-                " lease_expires_at = now() + interval '5 min'"
-            )
-        )
-        conn.execute(text("UPDATE agent_action SET state = 'DONE', stop_reason = 'CONFIRMED'"))
+    accepted_just_now(engine, accepted)
 
-    def slow() -> Any:
-        return run(with_store(engine, lambda s: s.slow_down("test_noop", "TEST_NOOP", None, "421", SLOW_DOWN)))
-
-    assert slow().pace is None
+    assert slow_down(engine).pace is None
     with engine.begin() as conn:
         conn.execute(text("UPDATE agent_destination SET paused_until = now()"))  # the pause is over
-    again = slow()
+    again = slow_down(engine)
     assert 0 < again.pace <= 0.9 * accepted / MEASURE_FLOOR_SECONDS
     assert destination(engine).slow_downs == 2
 
