@@ -55,6 +55,14 @@ _PACE_NOW = """CASE WHEN {t}.pace IS NULL OR now() - {t}.pace_at > make_interval
      ELSE least(2 * {t}.pace + 1,
                 {t}.pace + greatest({t}.pace * :rise, :min_rise) * extract(epoch FROM now() - {t}.pace_at)) END"""
 
+# A destination's per-second allowance (`{t}` its row with `pace_now`): its rate or its pace, whichever is lower
+_PER_SECOND = "least(coalesce({t}.rate, 'infinity'), coalesce({pace_now}, 'infinity'))"
+# The tokens a bucket holds now: `{tokens}` at `{at}` (null: full), refilled at `{t}.per_second`, up to its
+# size, the configured burst or `:burst_seconds` of the per-second allowance when that holds more
+_TOKENS_NOW = """least(greatest({t}.burst, {t}.per_second * :burst_seconds),
+                 coalesce({t}.{tokens} + {t}.per_second * extract(epoch FROM now() - {t}.{at}),
+                          greatest({t}.burst, {t}.per_second * :burst_seconds)))"""
+
 # Heads of one held destination, as many as it allows now (its row locked FOR UPDATE: one executor at a time
 # takes its tokens): paused, none; broken, one probe when its probe time has come (the next is then
 # `:probe_seconds` later); paced, as many as its token bucket holds (the rate and the pace, whichever is lower,
@@ -70,14 +78,13 @@ WITH locked AS MATERIALIZED (
            l.paused_until, {_PACE_NOW.format(t="l")} AS pace_now, l.rate, l.burst, l.tokens, l.tokens_at
       FROM locked AS l
 ), priced AS MATERIALIZED (
-    SELECT f.*, least(coalesce(f.rate, 'infinity'), coalesce(f.pace_now, 'infinity')) AS per_second FROM found AS f
+    SELECT f.*, {_PER_SECOND.format(t="f", pace_now="f.pace_now")} AS per_second FROM found AS f
 ), allowed AS MATERIALIZED (
     SELECT p.*,
            CASE WHEN p.paused THEN 0
                 WHEN p.broken THEN CASE WHEN p.probe_at IS NULL OR p.probe_at <= now() THEN 1 ELSE 0 END
                 WHEN p.per_second = 'infinity' THEN :limit
-                ELSE least(greatest(p.burst, p.per_second * :burst_seconds),
-                           p.tokens + p.per_second * extract(epoch FROM now() - p.tokens_at)) END
+                ELSE {_TOKENS_NOW.format(t="p", tokens="tokens", at="tokens_at")} END
            AS available
       FROM priced AS p
 ), heads AS MATERIALIZED (
@@ -124,17 +131,13 @@ SELECT c.*,
 TAKE_SEND_TOKEN = text(f"""
 WITH found AS MATERIALIZED (
     SELECT d.name, coalesce(d.paused_until > now(), false) AS paused, d.paused_until, d.burst, d.send_tokens,
-           d.send_tokens_at,
-           least(coalesce(d.rate, 'infinity'), coalesce({_PACE_NOW.format(t="d")}, 'infinity')) AS per_second
+           d.send_tokens_at, {_PER_SECOND.format(t="d", pace_now=_PACE_NOW.format(t="d"))} AS per_second
       FROM agent_destination AS d WHERE d.name = :name FOR UPDATE
-), sized AS MATERIALIZED (
-    SELECT f.*, greatest(f.burst, f.per_second * :burst_seconds) AS size FROM found AS f
 ), allowed AS MATERIALIZED (
-    SELECT s.*,
-           CASE WHEN s.paused OR s.per_second = 'infinity' THEN NULL
-                ELSE least(s.size, coalesce(s.send_tokens + s.per_second * extract(epoch FROM now() - s.send_tokens_at),
-                                            s.size)) END AS available
-      FROM sized AS s
+    SELECT f.*,
+           CASE WHEN f.paused OR f.per_second = 'infinity' THEN NULL
+                ELSE {_TOKENS_NOW.format(t="f", tokens="send_tokens", at="send_tokens_at")} END AS available
+      FROM found AS f
 )
 UPDATE agent_destination AS d
    SET send_tokens = coalesce(g.available - 1, d.send_tokens),
