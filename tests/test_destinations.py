@@ -39,6 +39,7 @@ from outbox.executor.pacing import (
 )
 from outbox.executor.store import ExecutorStore
 from outbox.rates import MAX_PER_SECOND, Rate, parse_rate
+from outbox.store import executor as store_executor
 from tests import kinds
 from tests.adapters import ScriptedAdapter
 from tests.support import until
@@ -47,16 +48,22 @@ LEASE = 300.0
 KINDS = [kinds.NOOP.name, kinds.READBACK.name]
 
 
-def insert_due(engine: Engine, n: int, kind: str = kinds.NOOP.name, prefix: str = "a") -> None:
-    """`n` due actions of `kind`, each alone in its lane (so each is its lane's head)."""
+def insert_due(
+    engine: Engine, n: int, kind: str = kinds.NOOP.name, prefix: str = "a", *, destination: str | None = None,
+    due_hours_ago: float = 0.0,
+) -> None:  # fmt: skip
+    """`n` due actions of `kind`, each alone in its lane (so each is its lane's head); of the kind's destination
+    unless `destination` names another, due now or `due_hours_ago`."""
     with engine.begin() as conn:
         conn.execute(
             text(
-                "INSERT INTO agent_action (kind, workspace_id, lane_key, idempotency_key, max_attempts, state)"
+                "INSERT INTO agent_action (kind, workspace_id, lane_key, idempotency_key, max_attempts, state,"
+                " destination, due_at)"
                 " SELECT :kind, CASE WHEN :kind = 'TEST_NOOP' THEN 1 END, :p || '-lane-' || g, :p || '-' || g, 5,"
-                " 'ADMITTED' FROM generate_series(1, :n) AS g"
+                " 'ADMITTED', :destination, now() - make_interval(secs => :ago * 3600)"
+                " FROM generate_series(1, :n) AS g"
             ),
-            {"kind": kind, "n": n, "p": prefix},
+            {"kind": kind, "n": n, "p": prefix, "destination": destination, "ago": due_hours_ago},
         )
 
 
@@ -380,19 +387,107 @@ def test_an_operator_s_pause_stays_the_operator_s(engine: Engine) -> None:
 # -- what the claims take ----------------------------------------------------------------------------------
 
 
-def test_the_plain_claim_skips_a_held_destination_and_takes_every_other(engine: Engine) -> None:
+@pytest.mark.parametrize("some_held", [False, True], ids=["plain", "destination by destination"])
+def test_the_plain_claim_skips_a_held_destination_and_takes_every_other(engine: Engine, some_held: bool) -> None:
     insert_due(engine, 30, kinds.NOOP.name, "noop")
     insert_due(engine, 30, kinds.READBACK.name, "readback")
     run(with_store(engine, lambda s: s.slow_down("test_noop", "TEST_NOOP", 60.0, "429", SLOW_DOWN)))
 
     async def claims(store: ExecutorStore) -> tuple[set[str], list[Any], float | None]:
-        plain = await store.claim(100, LEASE, KINDS)
+        plain = await store.claim(100, LEASE, KINDS, some_held=some_held)
         held, wait = await store.claim_destination("test_noop", 100, LEASE, KINDS, PACE | {"probe_seconds": 1})
         return {a.kind.name for a in plain} | {f"n={len(plain)}"}, held, wait
 
     plain, held, wait = run(with_store(engine, claims))
     assert plain == {"TEST_READBACK", "n=30"}
     assert held == [] and wait is not None and 59 < wait <= 60  # paused: nothing, and when to look again
+
+
+def pause(engine: Engine, name: str, kind: str = kinds.NOOP.name) -> None:
+    """An operator's pause of `name` without end."""
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO agent_destination (name, kind, paused_until, paused_by, pause_reason)"
+                " VALUES (:name, :kind, 'infinity', 'operator', 'test')"
+            ),
+            {"name": name, "kind": kind},
+        )
+
+
+def claimed_ids(engine: Engine, limit: int, **claim: Any) -> list[int]:
+    found = run(with_store(engine, lambda s: s.claim(limit, LEASE, KINDS, **claim)))
+    return [a.id for a in found]
+
+
+def due_ids(engine: Engine, where: str) -> list[int]:
+    with engine.connect() as conn:
+        return list(conn.execute(text(f"SELECT id FROM agent_action WHERE {where} ORDER BY due_at, id")).scalars())
+
+
+def test_destination_by_destination_the_claim_takes_the_first_due_of_every_open_destination(engine: Engine) -> None:
+    insert_due(engine, 10, kinds.NOOP.name, "later", destination="relay-b", due_hours_ago=1)
+    insert_due(engine, 10, kinds.NOOP.name, "first", destination="relay-a", due_hours_ago=2)
+    insert_due(engine, 10, kinds.READBACK.name, "between", due_hours_ago=1.5)
+    insert_due(engine, 10, kinds.NOOP.name, "parked", destination="parked", due_hours_ago=3)
+    pause(engine, "parked")
+    first = due_ids(engine, "destination = 'relay-a'")
+    between = due_ids(engine, "kind = 'TEST_READBACK'")
+    later = due_ids(engine, "destination = 'relay-b'")
+
+    taken = set(claimed_ids(engine, 15, some_held=True))  # the heads of one insert share their due time
+    assert set(first) < taken and len(taken - set(first)) == 5 and taken - set(first) < set(between)
+    assert sorted(claimed_ids(engine, 100, some_held=True)) == sorted(set(between + later) - taken)
+    assert claimed_ids(engine, 100, some_held=True) == []  # the paused destination's heads stay
+
+
+def test_destination_by_destination_the_claim_skips_what_another_replica_holds_without_waiting(
+    engine: Engine,
+) -> None:
+    insert_due(engine, 30, kinds.NOOP.name, "open")
+    pause(engine, "parked")
+    heads = due_ids(engine, "true")
+    with engine.begin() as conn:  # another replica's claim, not yet committed
+        conn.execute(text("SELECT id FROM agent_action WHERE id = ANY (:ids) FOR NO KEY UPDATE"), {"ids": heads[:10]})
+        assert sorted(claimed_ids(engine, 100, some_held=True)) == heads[10:]
+
+
+def rows_read(engine: Engine, statement: Any, params: dict[str, Any]) -> tuple[int, int]:
+    """The claim `statement` run under EXPLAIN ANALYZE and rolled back: the rows its scans of the ready indexes
+    returned and the rows they read and left (removed by a filter)."""
+
+    def walk(node: dict[str, Any]) -> tuple[int, int]:
+        returned = removed = 0
+        if str(node.get("Index Name", "")).startswith("ix_agent_action_ready"):
+            loops = int(node["Actual Loops"])  # rows are a mean per loop
+            returned += round(float(node["Actual Rows"]) * loops)
+            removed += round(float(node.get("Rows Removed by Filter", 0)) * loops)
+        for child in node.get("Plans", []):
+            more = walk(child)
+            returned, removed = returned + more[0], removed + more[1]
+        return returned, removed
+
+    with engine.connect() as conn:
+        plan = conn.execute(text(f"EXPLAIN (ANALYZE, FORMAT JSON) {statement.text}"), params).scalar_one()
+        conn.rollback()
+    return walk(plan[0]["Plan"])
+
+
+def test_a_paused_destination_s_backlog_costs_the_claim_destination_by_destination_nothing(engine: Engine) -> None:
+    insert_due(engine, 2000, kinds.NOOP.name, "parked", destination="parked", due_hours_ago=24)
+    insert_due(engine, 200, kinds.NOOP.name, "open")
+    insert_due(engine, 200, kinds.READBACK.name, "other")
+    pause(engine, "parked")
+    with engine.begin() as conn:
+        conn.execute(text("ANALYZE agent_action"))
+    params = {"limit": 50, "lease_seconds": LEASE, "kinds": KINDS}
+
+    # the plain claim reads the 2,000 paused heads and leaves them, at every claim
+    assert rows_read(engine, store_executor.CLAIM_READY_HEADS, params)[1] >= 2000
+    # destination by destination: the pairs that have heads (a descent each, and one that finds none), and
+    # the 50 first due of each open pair, of which the 50 first due are claimed; no row read and left
+    returned, removed = rows_read(engine, store_executor.CLAIM_OPEN_DESTINATION_HEADS, params)
+    assert removed == 0 and returned <= 3 + 2 * 50 + 50, (returned, removed)
 
 
 def test_a_broken_destination_allows_one_probe_at_a_time_until_mended(engine: Engine) -> None:

@@ -230,11 +230,11 @@ def test_a_downgrade_to_0006_restores_its_constraints_and_guard_exactly(empty_da
     engine.dispose()
 
 
-def prebuild_statement() -> str:
-    """The statement docs/operations.md gives a DBA to build revision 0014's index without blocking writes."""
+def prebuild_statement(index: str) -> str:
+    """The statement docs/operations.md gives a DBA to build a revision's index without blocking writes."""
     docs = (Path(__file__).resolve().parent.parent / "docs" / "operations.md").read_text()
-    found = re.search(r"```sql\n(CREATE INDEX CONCURRENTLY[^`]*ix_agent_action_state_created_0014[^`]*)```", docs)
-    assert found, "docs/operations.md no longer shows how to build 0014's index concurrently"
+    found = re.search(rf"```sql\n(CREATE INDEX CONCURRENTLY[^`]*{index}[^`]*)```", docs)
+    assert found, f"docs/operations.md no longer shows how to build {index} concurrently"
     return found[1]
 
 
@@ -251,7 +251,9 @@ def test_revision_0014_keeps_the_index_a_dba_built_concurrently_unless_the_build
         migrate.upgrade(conn, "0013")
         fresh = conn.execute(INDEX_DEF, {"name": "ix_agent_action_state_created"}).scalar_one()
     with engine.connect() as conn:
-        conn.execution_options(isolation_level="AUTOCOMMIT").execute(text(prebuild_statement()))
+        conn.execution_options(isolation_level="AUTOCOMMIT").execute(
+            text(prebuild_statement("ix_agent_action_state_created_0014"))
+        )
         built = conn.execute(INDEX_OID, {"name": "ix_agent_action_state_created_0014"}).scalar_one()
         if prebuilt == "invalid":  # what a concurrent build that failed leaves behind
             conn.execute(text("UPDATE pg_index SET indisvalid = false WHERE indexrelid = :oid"), {"oid": built})
@@ -325,4 +327,29 @@ def test_revision_0015_marks_each_lane_s_holder_and_its_downgrade_gives_the_lane
 
         migrate.upgrade(conn, "0015")  # and up again, the holders marked the same way
         assert conn.execute(HOLDERS).all() == [("a", "a1"), ("b", "b1"), ("c", "c1")]
+    engine.dispose()
+
+
+@pytest.mark.parametrize("prebuilt", ["valid", "invalid"])
+def test_revision_0019_keeps_the_index_a_dba_built_concurrently_unless_the_build_failed(
+    empty_database_url: str, prebuilt: str
+) -> None:
+    name = {"name": "ix_agent_action_ready_destination"}
+    engine = create_engine(empty_database_url)
+    with engine.begin() as conn:
+        migrate.upgrade(conn, "0019")
+        fresh = conn.execute(INDEX_DEF, name).scalar_one()
+        migrate.downgrade(conn, "0018")
+        assert conn.execute(INDEX_OID, name).scalar_one() is None
+    with engine.connect() as conn:
+        conn.execution_options(isolation_level="AUTOCOMMIT").execute(text(prebuild_statement(name["name"])))
+        built = conn.execute(INDEX_OID, name).scalar_one()
+        if prebuilt == "invalid":  # what a concurrent build that failed leaves behind
+            conn.execute(text("UPDATE pg_index SET indisvalid = false WHERE indexrelid = :oid"), {"oid": built})
+    with engine.begin() as conn:
+        migrate.upgrade(conn, "0019")
+        kept = conn.execute(INDEX_OID, name).scalar_one()
+        assert (kept == built) is (prebuilt == "valid")
+        assert conn.execute(text("SELECT indisvalid FROM pg_index WHERE indexrelid = :oid"), {"oid": kept}).scalar()
+        assert conn.execute(INDEX_DEF, name).scalar_one() == fresh
     engine.dispose()

@@ -2,7 +2,8 @@
 
     start ──adapters' `rates`──▶ ExecutorStore.set_rates                  (agent_destination.rate, burst)
     sweep ──▶ refresh: the held destinations (paused, broken, paced, rated) of this executor's kinds
-    claim ──▶ the plain claim skips every held destination (in its own statement)
+    claim ──▶ the plain claim skips every held destination (in its own statement); while one is held, it
+              finds the heads destination by destination, so the held one's backlog costs it nothing
           ──▶ claim(): for each held destination whose time has come, CLAIM_DESTINATION_HEADS ─▶ the
               seconds until it may allow more (its pause's end, its probe, its next token): `wake_at`
     fence ──▶ gate(): an attempt of a held destination takes its turn (TAKE_SEND_TOKEN) and waits for it;
@@ -91,6 +92,11 @@ class Destinations:
         self._held = {name: broken for name, kind, broken in rows if kind in served}
         for name in [name for name in self._paused if name not in self._held]:
             self._change(name, self._paused.pop(name), "resumed", "its pause ended")
+
+    @property
+    def some_held(self) -> bool:
+        """Whether the last refresh, or an attempt since, found a destination of this executor's kinds held."""
+        return bool(self._held)
 
     async def claim(self, limit: int, lease_seconds: float, kinds: list[str]) -> list[ClaimedAction]:
         """Up to `limit` heads of the held destinations whose time has come, one statement each."""

@@ -224,7 +224,10 @@ class Executor:
 
     async def _claim(self, limit: int) -> list[ClaimedAction]:
         """Ready heads of open destinations, then of held ones as far as each allows (outbox.executor.destinations)."""
-        claimed = await self._tried(self._store.claim(limit, self.config.lease_seconds, self._kinds)) or []
+        open_heads = self._store.claim(
+            limit, self.config.lease_seconds, self._kinds, some_held=self._destinations.some_held
+        )
+        claimed = await self._tried(open_heads) or []
         if len(claimed) < limit:
             held = self._destinations.claim(limit - len(claimed), self.config.lease_seconds, self._kinds)
             claimed += await self._tried(held) or []

@@ -2,6 +2,7 @@
 connections of its own: claim, sweep, and the group commit.
 
     Executor ──claim(limit)──────────────▶ CLAIM_READY_HEADS          ─▶ list[ClaimedAction]
+                                           (CLAIM_OPEN_DESTINATION_HEADS while a destination is held)
              ──sweep(...)────────────────▶ BEAT, EXPIRE_UNSTARTED,
                                            TAKE_BACK_EXPIRED_LEASES   ─▶ Sweep (ended, claimed again)
     Committer ──commit(writes)───────────▶ FENCE_WRITES (its fences),
@@ -43,6 +44,7 @@ from outbox.store import destinations
 from outbox.store import metrics as store_metrics
 from outbox.store.caller import psycopg_sql
 from outbox.store.executor import (
+    CLAIM_OPEN_DESTINATION_HEADS,
     CLAIM_READY_HEADS,
     COMMIT_WRITES,
     EXPIRE_UNSTARTED,
@@ -178,9 +180,14 @@ class ExecutorStore:
 
         return await self._bounded(merge)
 
-    async def claim(self, limit: int, lease_seconds: float, kinds: list[str]) -> list[ClaimedAction]:
-        """Up to `limit` ready lane heads of `kinds`, claimed under a lease of `lease_seconds`."""
-        rows = await self._rows(CLAIM_READY_HEADS, {"limit": limit, "lease_seconds": lease_seconds, "kinds": kinds})
+    async def claim(
+        self, limit: int, lease_seconds: float, kinds: list[str], *, some_held: bool = False
+    ) -> list[ClaimedAction]:
+        """Up to `limit` ready lane heads of `kinds` whose destination is not held, claimed under a lease of
+        `lease_seconds`. `some_held`: a destination is held, so the heads are found destination by destination
+        (CLAIM_OPEN_DESTINATION_HEADS), and the held one's backlog is not read at every claim."""
+        statement = CLAIM_OPEN_DESTINATION_HEADS if some_held else CLAIM_READY_HEADS
+        rows = await self._rows(statement, {"limit": limit, "lease_seconds": lease_seconds, "kinds": kinds})
         return [claimed_action(row, fresh=True) for row in rows]
 
     async def claim_destination(

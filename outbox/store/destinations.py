@@ -3,7 +3,8 @@ rates the executors set, and the operator's view and commands.
 
     executor start ─▶ SET_RATES, CLEAR_RATES                 (the configured rates, for all executors)
     every sweep   ─▶ HELD_DESTINATIONS                       (the rows that hold a destination back)
-    claim         ─▶ CLAIM_READY_HEADS (outbox.store.executor) skips every destination HELD names;
+    claim         ─▶ CLAIM_READY_HEADS, or CLAIM_OPEN_DESTINATION_HEADS while one is held (outbox.store.executor),
+                     skips every destination HELD names;
                      CLAIM_DESTINATION_HEADS claims for one held destination: as many heads as its tokens,
                      one probe of a broken one at its probe time, none while it is paused
     before a fence ─▶ TAKE_SEND_TOKEN                        (an attempt of a held destination: its turn)
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 from sqlalchemy import text
 
-from outbox.store.executor import CLAIMED_COLUMNS, HELD
+from outbox.store.executor import HELD, PAIR_DUE_HEADS, TAKE_HEADS
 
 HELD_DESTINATIONS = text(f"""
 SELECT name, kind, broken_since IS NOT NULL AS broken FROM agent_destination WHERE {HELD} ORDER BY name
@@ -63,6 +64,9 @@ _TOKENS_NOW = """least(greatest({t}.burst, {t}.per_second * :burst_seconds),
                  coalesce({t}.{tokens} + {t}.per_second * extract(epoch FROM now() - {t}.{at}),
                           greatest({t}.burst, {t}.per_second * :burst_seconds)))"""
 
+# the heads a held destination allows now (`allowed.available`, at most `:limit`)
+_ALLOWED = "coalesce((SELECT greatest(0, least(:limit, floor(available)))::int FROM allowed), 0)"
+
 # Heads of one held destination, as many as it allows now (its row locked FOR UPDATE: one executor at a time
 # takes its tokens): paused, none; broken, one probe when its probe time has come (the next is then
 # `:probe_seconds` later); paced, as many as its token bucket holds (the rate and the pace, whichever is lower,
@@ -87,19 +91,13 @@ WITH locked AS MATERIALIZED (
                 ELSE {_TOKENS_NOW.format(t="p", tokens="tokens", at="tokens_at")} END
            AS available
       FROM priced AS p
+), pairs AS MATERIALIZED (
+    SELECT CAST(:name AS text) AS destination, k.kind FROM unnest(CAST(:kinds AS text[])) AS k (kind)
 ), heads AS MATERIALIZED (
-    SELECT a.id FROM agent_action AS a
-     WHERE a.lane_head AND a.state = 'ADMITTED' AND a.due_at <= now() AND a.destination = :name
-       AND a.kind = ANY (CAST(:kinds AS text[])) AND (a.expires_at IS NULL OR a.expires_at > now())
-     ORDER BY a.due_at
-     LIMIT coalesce((SELECT greatest(0, least(:limit, floor(available)))::int FROM allowed), 0)
-     FOR NO KEY UPDATE SKIP LOCKED
-), claimed AS (
-    UPDATE agent_action AS a
-       SET state = 'EXECUTING', epoch = a.epoch + 1, attempt = a.attempt + 1,
-           lease_expires_at = now() + make_interval(secs => :lease_seconds)
-      FROM heads WHERE a.id = heads.id
-    RETURNING {CLAIMED_COLUMNS}
+    SELECT h.id FROM pairs AS p CROSS JOIN LATERAL {PAIR_DUE_HEADS.format(p="p", limit=_ALLOWED)} AS h
+     ORDER BY h.due_at
+     LIMIT {_ALLOWED}
+), claimed AS ({TAKE_HEADS}
 ), taken AS MATERIALIZED (
     SELECT count(*) AS n FROM claimed
 ), spent AS (

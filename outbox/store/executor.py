@@ -1,6 +1,7 @@
 """The executor's statements: the claim of lane heads, the sweep, the group commit, and the histogram bounds.
 
-    claim ─▶ CLAIM_READY_HEADS        sweep ─▶ BEAT, EXPIRE_UNSTARTED, TAKE_BACK_EXPIRED_LEASES
+    claim ─▶ CLAIM_READY_HEADS (CLAIM_OPEN_DESTINATION_HEADS while a destination is held)
+    sweep ─▶ BEAT, EXPIRE_UNSTARTED, TAKE_BACK_EXPIRED_LEASES
     group commit (fences and results of many attempts) ─▶ FENCE_WRITES (the fences), COMMIT_WRITES (the rest)
 
 `outbox.executor.store.ExecutorStore` runs them, each in a transaction of its own, on the executor's own
@@ -35,6 +36,14 @@ CLAIMED_COLUMNS = (
 # claimed one destination at a time (outbox.store.destinations).
 HELD = "paused_until > now() OR broken_since IS NOT NULL OR rate IS NOT NULL OR pace IS NOT NULL"
 
+# The claim's write: the heads found (`heads`: their ids) start executing under a new epoch and a lease.
+TAKE_HEADS = f"""
+UPDATE agent_action AS a
+   SET state = 'EXECUTING', epoch = a.epoch + 1, attempt = a.attempt + 1,
+       lease_expires_at = now() + make_interval(secs => :lease_seconds)
+  FROM heads WHERE a.id = heads.id
+RETURNING {CLAIMED_COLUMNS}"""
+
 # Due lane heads, many per round trip: the ADMITTED holders of their lanes (ix_agent_action_ready holds nothing
 # else), by due time, but for the destinations held back (read once per statement from the few rows of
 # agent_destination). The filter is wrapped in coalesce so that the planner does not estimate it from the
@@ -42,7 +51,8 @@ HELD = "paused_until > now() OR broken_since IS NOT NULL OR rate IS NOT NULL OR 
 # head instead of taking the first from the index. SKIP LOCKED, so two replicas never take one head and neither
 # waits; a row that stopped holding its lane meanwhile is checked again, and left. FOR NO KEY UPDATE: an enqueue
 # into the lane that has not committed (it holds the holder FOR KEY SHARE) does not hold the claim back. The
-# holder stays marked while it executes, so a claim writes nothing but its own rows.
+# holder stays marked while it executes, so a claim writes nothing but its own rows. The held destinations'
+# heads are read and left: while one is held, CLAIM_OPEN_DESTINATION_HEADS takes this one's place.
 CLAIM_READY_HEADS = text(f"""
 WITH heads AS MATERIALIZED (
     SELECT a.id FROM agent_action AS a
@@ -52,12 +62,45 @@ WITH heads AS MATERIALIZED (
      ORDER BY a.due_at
      LIMIT :limit
      FOR NO KEY UPDATE SKIP LOCKED
-)
-UPDATE agent_action AS a
-   SET state = 'EXECUTING', epoch = a.epoch + 1, attempt = a.attempt + 1,
-       lease_expires_at = now() + make_interval(secs => :lease_seconds)
-  FROM heads WHERE a.id = heads.id
-RETURNING {CLAIMED_COLUMNS}
+){TAKE_HEADS}
+""")
+
+# Up to `{limit}` due heads of one destination and kind (`{p}.destination`, `{p}.kind`), in due order, locked as
+# the plain claim locks them: a range of ix_agent_action_ready_destination. The range is written as two row
+# comparisons, not as equalities, so that the planner reads it in the index's order: with equalities it may
+# walk ix_agent_action_ready instead, past every other destination's due heads.
+PAIR_DUE_HEADS = """(
+    SELECT a.id, a.due_at FROM agent_action AS a
+     WHERE (a.destination, a.kind, a.due_at) >= ({p}.destination, {p}.kind, '-infinity')
+       AND (a.destination, a.kind, a.due_at) <= ({p}.destination, {p}.kind, now())
+       AND a.lane_head AND a.state = 'ADMITTED' AND (a.expires_at IS NULL OR a.expires_at > now())
+     ORDER BY a.destination, a.kind, a.due_at
+     LIMIT {limit}
+     FOR NO KEY UPDATE SKIP LOCKED
+)"""
+
+# The plain claim while some destination is held: the same heads, found destination by destination, so that
+# a held destination's due heads cost nothing however many they are. The (destination, kind) pairs that have
+# ready heads come from ix_agent_action_ready_destination, one descent each (a loose index scan); the pairs of
+# `:kinds` whose destination is not held give up to `:limit` due heads each, locked; the `:limit` first due of
+# them are claimed (the rest are let go when the statement ends).
+CLAIM_OPEN_DESTINATION_HEADS = text(f"""
+WITH RECURSIVE ready (destination, kind) AS (
+    (SELECT a.destination, a.kind FROM agent_action AS a WHERE a.lane_head AND a.state = 'ADMITTED'
+      ORDER BY a.destination, a.kind LIMIT 1)
+    UNION ALL
+    SELECT n.destination, n.kind FROM ready AS r CROSS JOIN LATERAL (
+        SELECT a.destination, a.kind FROM agent_action AS a
+         WHERE a.lane_head AND a.state = 'ADMITTED' AND (a.destination, a.kind) > (r.destination, r.kind)
+         ORDER BY a.destination, a.kind LIMIT 1
+    ) AS n
+), heads AS MATERIALIZED (
+    SELECT h.id FROM ready AS r CROSS JOIN LATERAL {PAIR_DUE_HEADS.format(p="r", limit=":limit")} AS h
+     WHERE r.kind = ANY (CAST(:kinds AS text[]))
+       AND r.destination <> ALL (ARRAY(SELECT name FROM agent_destination WHERE {HELD}))
+     ORDER BY h.due_at
+     LIMIT :limit
+){TAKE_HEADS}
 """)
 
 # Executing actions whose lease expired. An at-most-once action whose write started ends UNCERTAIN;
