@@ -17,7 +17,8 @@ each round in a rotated order, so that the machine's drift hits both alike.
    on each tree: jobs/s, their backends' CPU µs per action
 3. explain: this tree's claim of 50 heads (`CLAIM_READY_HEADS`), each time alternated with the same claim
    without its destination filter, with 0, 1 and 10 rows in agent_destination (held or open) and then with
-   one paused destination whose 5,000 due heads come first in `ix_agent_action_ready`: EXPLAIN (ANALYZE,
+   one paused destination whose 5,000 due heads come first in `ix_agent_action_ready`, there also the claim
+   an executor runs while a destination is held (`CLAIM_OPEN_DESTINATION_HEADS`): EXPLAIN (ANALYZE,
    BUFFERS), rolled back; the median execution time and the buffers each claim touches, and one timed plan
    of each (results.json)
 4. fairness: two destinations; one paused by an operator with a backlog of 5,000 due heads (due a day
@@ -277,7 +278,11 @@ def explains(admin: str, args: argparse.Namespace) -> dict[str, Explained]:
     starts from a vacuumed table: the rolled-back claims leave dead rows, and a larger table makes the
     sequential scan dearer to the planner."""
     current, without = claim_statements()
+    from outbox.store.executor import CLAIM_OPEN_DESTINATION_HEADS
+
+    by_destination = str(CLAIM_OPEN_DESTINATION_HEADS.text)
     parked = f"1 paused destination, its {BACKLOG:,} due heads first"
+    parked_by_destination = "the same, destination by destination (what an executor runs while one is held)"
     settings = [
         ("0 rows", ""),
         ("1 held row", destination_rows(1, held=True)),
@@ -288,14 +293,16 @@ def explains(admin: str, args: argparse.Namespace) -> dict[str, Explained]:
     with harness.fresh_database(psycopg_url(admin), "claim_dest_explain") as (_, engine):
         harness.bulk_admit(engine, args.jobs, args.jobs)
         with psycopg.connect(sql_cost.database_url(admin, "claim_dest_explain"), autocommit=True) as conn:
-            for label, rows in [*settings, (parked, "")]:
-                conn.execute("DELETE FROM agent_destination")
+            for label, rows in [*settings, (parked, ""), (parked_by_destination, "")]:
+                if label != parked_by_destination:  # the same backlog as the setting before
+                    conn.execute("DELETE FROM agent_destination")
                 if label == parked:
                     park_backlog(conn)
                 elif rows:
                     conn.execute(rows.encode())
                 conn.execute("VACUUM ANALYZE agent_action")
-                found[label] = timed(conn, current, without, args.explains)
+                claim = by_destination if label == parked_by_destination else current
+                found[label] = timed(conn, claim, without, args.explains)
                 print(
                     f"  explain {label:50}: {med(found[label].ms):6.3f} ms, {med(found[label].buffers):6.0f}"
                     f" buffers; without the filter {med(found[label].base_ms):6.3f} ms,"
@@ -322,12 +329,13 @@ def timed(conn: psycopg.Connection[Any], with_filter: str, without: str, count: 
 
 # ---- fairness ------------------------------------------------------------------------------------------------
 
-# the plain claim's calls, time and buffers (pg_stat_statements; its text names `a.destination <> ALL`)
+# the plain claim's calls, time and buffers (pg_stat_statements; its text, in both of its forms, names
+# `destination <> ALL`)
 CLAIM_STATS = """
 SELECT coalesce(sum(calls), 0)::bigint, coalesce(sum(total_exec_time), 0)::float8,
        coalesce(sum(shared_blks_hit + shared_blks_read), 0)::float8
   FROM pg_stat_statements
- WHERE dbid = (SELECT oid FROM pg_database WHERE datname = %s) AND query LIKE '%%a.destination <> ALL%%'
+ WHERE dbid = (SELECT oid FROM pg_database WHERE datname = %s) AND query LIKE '%%destination <> ALL%%'
 """
 
 
