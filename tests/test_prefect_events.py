@@ -175,10 +175,14 @@ async def test_an_email_the_relay_refuses_ends_failed_and_is_one_event(
 
 
 class RefusedHook(NumberedHook):
-    """A webhook whose receiver answers 410 Gone to the first delivery and keeps the second."""
+    """A webhook whose receiver answers 410 Gone to the first delivery and keeps the second: one lane, so the
+    first enqueued is the first delivered."""
 
     name = "test.refused"
     endpoint = "prefect-hooks"
+
+    def lane_key(self, event: dict[str, Any]) -> str:
+        return self.name
 
 
 async def test_a_webhook_the_receiver_refuses_is_one_event_with_its_webhook_id_signed_by_a_prefect_secret(
