@@ -21,7 +21,7 @@ each round in a rotated order, so that the machine's drift hits both alike.
    an executor runs while a destination is held (`CLAIM_OPEN_DESTINATION_HEADS`): EXPLAIN (ANALYZE,
    BUFFERS), rolled back; the median execution time and the buffers each claim touches, and one timed plan
    of each (results.json)
-4. fairness: two destinations; one paused by an operator with a backlog of 5,000 due heads (due a day
+4. fairness: two destinations; one paused by an operator with a backlog of 5,000 due heads (`--backlog`; due a day
    before the others), or no such destination, alternated: the other's burn-down (2 executors, N actions)
    and its pickup (1 executor, 500 actions enqueued one per transaction at 50/s, enqueue commit to adapter
    start: p50, p95), and the plain claim's mean time and buffers during the burn-down (pg_stat_statements)
@@ -60,7 +60,7 @@ WORK = ROOT / ".outbox" / "claim-destinations"
 BEFORE = "f23148a"
 PARKED = "parked"  # the paused destination of the fairness runs
 OPEN = "test_noop"  # TEST_NOOP's own destination: the other one
-BACKLOG = 5_000
+BACKLOG = 5_000  # the paused destination's due heads, unless --backlog says otherwise
 
 
 # ---- agent_destination's rows and the paused backlog ------------------------------------------------------
@@ -85,7 +85,7 @@ PARKED_BACKLOG = f"""
 INSERT INTO agent_action (kind, workspace_id, lane_key, idempotency_key, payload, max_attempts, state, destination,
                           due_at)
 SELECT 'TEST_NOOP', 1, 'parked-' || g, 'parked-' || g, '{{}}', 5, 'ADMITTED', '{PARKED}', now() - interval '1 day'
-  FROM generate_series(1, {BACKLOG}) AS g
+  FROM generate_series(1, %s) AS g
 """
 
 
@@ -94,9 +94,9 @@ def setup(held: int = 0) -> str:
     return destination_rows(held, held=True) if held else ""
 
 
-def park_backlog(conn: psycopg.Connection[Any]) -> None:
+def park_backlog(conn: psycopg.Connection[Any], backlog: int) -> None:
     conn.execute(PAUSE_PARKED)
-    conn.execute(PARKED_BACKLOG)
+    conn.execute(PARKED_BACKLOG, (backlog,))
     conn.execute("ANALYZE agent_action")
 
 
@@ -281,7 +281,7 @@ def explains(admin: str, args: argparse.Namespace) -> dict[str, Explained]:
     from outbox.store.executor import CLAIM_OPEN_DESTINATION_HEADS
 
     by_destination = str(CLAIM_OPEN_DESTINATION_HEADS.text)
-    parked = f"1 paused destination, its {BACKLOG:,} due heads first"
+    parked = f"1 paused destination, its {args.backlog:,} due heads first"
     parked_by_destination = "the same, destination by destination (what an executor runs while one is held)"
     settings = [
         ("0 rows", ""),
@@ -297,7 +297,7 @@ def explains(admin: str, args: argparse.Namespace) -> dict[str, Explained]:
                 if label != parked_by_destination:  # the same backlog as the setting before
                     conn.execute("DELETE FROM agent_destination")
                 if label == parked:
-                    park_backlog(conn)
+                    park_backlog(conn, args.backlog)
                 elif rows:
                     conn.execute(rows.encode())
                 conn.execute("VACUUM ANALYZE agent_action")
@@ -349,13 +349,14 @@ class Fair:
     claim_buffers: float
 
 
-def prepare_fair(admin: str, name: str, parked: bool) -> None:
+def prepare_fair(admin: str, name: str, parked: int) -> None:
+    """`parked`: the paused destination's due heads (0: no paused destination)."""
     if parked:
         with psycopg.connect(sql_cost.database_url(admin, name), autocommit=True) as conn:
-            park_backlog(conn)
+            park_backlog(conn, parked)
 
 
-def burn_down(admin: str, name: str, jobs: int, parked: bool) -> tuple[float, int, float, float]:
+def burn_down(admin: str, name: str, jobs: int, parked: int) -> tuple[float, int, float, float]:
     """(jobs/s of the open destination, plain claims, their mean ms, their mean buffers)."""
     with harness.fresh_database(psycopg_url(admin), name) as (url, engine):
         prepare_fair(admin, name, parked)
@@ -373,7 +374,7 @@ def burn_down(admin: str, name: str, jobs: int, parked: bool) -> tuple[float, in
     return jobs / seconds, int(calls), float(total_ms) / max(1, calls), float(buffers) / max(1, calls)
 
 
-def pickup(admin: str, name: str, parked: bool, count: int = 500, rate: float = 50.0) -> list[float]:
+def pickup(admin: str, name: str, parked: int, count: int = 500, rate: float = 50.0) -> list[float]:
     """Pickup delays (ms) of `count` actions enqueued one per transaction at `rate`, one idle executor."""
     import outbox
     from bench import kinds
@@ -404,7 +405,7 @@ def pickup(admin: str, name: str, parked: bool, count: int = 500, rate: float = 
 
 
 def fairness(admin: str, args: argparse.Namespace) -> dict[str, list[Fair]]:
-    cases = {"no paused destination": False, f"1 paused, {BACKLOG:,} due heads first": True}
+    cases = {"no paused destination": 0, f"1 paused, {args.backlog:,} due heads first": args.backlog}
     runs: dict[str, list[Fair]] = defaultdict(list)
     for rnd in range(args.rounds):
         for label in rotated(list(cases), rnd):
@@ -573,6 +574,7 @@ def main() -> None:
         p.add_argument("--rounds", type=int, default=5)
         p.add_argument("--jobs", type=int, default=20_000)
         p.add_argument("--explains", type=int, default=300, help="claims timed per explain setting")
+        p.add_argument("--backlog", type=int, default=BACKLOG, help="the paused destination's due heads")
         p.add_argument("--skip", nargs="*", default=[], choices=["loop", "executor", "explain", "fairness"])
         p.add_argument(
             "--loops",
