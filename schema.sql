@@ -1,4 +1,4 @@
--- outbox's schema at revision 0018, as PostgreSQL 18 dumps it. Generated from the migrations
+-- outbox's schema at revision 0019, as PostgreSQL 18 dumps it. Generated from the migrations
 -- by `python -m tests.schema_dump`; do not edit: the revisions in migrations/versions/ are the source.
 
 --
@@ -590,6 +590,12 @@ CREATE INDEX ix_agent_action_lane_pending ON public.agent_action USING btree (la
 --
 
 CREATE INDEX ix_agent_action_ready ON public.agent_action USING btree (due_at) WHERE (lane_head AND (state = 'ADMITTED'::text));
+
+--
+-- Name: ix_agent_action_ready_destination; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX ix_agent_action_ready_destination ON public.agent_action USING btree (destination, kind, due_at) WHERE (lane_head AND (state = 'ADMITTED'::text));
 
 --
 -- Name: ix_agent_action_state_created; Type: INDEX; Schema: public; Owner: -
