@@ -34,5 +34,10 @@ system-packages:
 			prometheus chromium pgbouncer nats-server postfix >/dev/null; \
 	fi
 
+# The test files run in two processes side by side (each file whole in one, so a file's servers start once):
+# most tests wait on servers and providers. Every test makes databases named by its process and starts its
+# servers on free ports, so the two never meet. `make test TEST_PROCESSES=1` runs them one after another.
+TEST_PROCESSES ?= 2
+
 test: system-packages check
-	$(BIN)/pytest
+	$(BIN)/pytest -n $(TEST_PROCESSES) --dist loadfile

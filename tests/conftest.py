@@ -37,6 +37,12 @@ from tests.prefect_server import prefect_server  # noqa: F401 (a fixture for the
 
 _counter = itertools.count()
 
+# `make test` runs the files in two worker processes (pytest-xdist), which start with COLUMNS=80 set; the
+# commands' output off a terminal is unbounded without it, as in a plain `pytest` run, and the tests that
+# mean a width set it themselves.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.pop("COLUMNS", None)
+
 
 @pytest.fixture(scope="session")
 def server_url() -> Iterator[str]:

@@ -6,8 +6,9 @@ restartable, unless OUTBOX_TEST_DATABASE_URL names a server: then every fault bu
 executor reaching it through a network relay of its own that drops, delays or resets its packets at times;
 the workload holds EMAIL, TEST_READBACK, WEBHOOK and NATS_EVENT actions; then up to a few minutes for
 the leases of killed, frozen and cut-off holders to expire and the store to settle: about 3 minutes each.
-The second run puts a PgBouncer in transaction pooling between the relays and PostgreSQL. Each run happens
-once, in a module-scoped fixture; each test below reads one invariant from its report. A long run is
+The second run puts a PgBouncer in transaction pooling between the relays and PostgreSQL
+(tests/test_chaos_pooler.py reads the same invariants from it). Each run happens once, in a module-scoped
+fixture; each test below reads one invariant from its report. A long run is
 `python -m tests.chaos --seed N --minutes 30`, or these tests' `chaos_long` instances with
 OUTBOX_CHAOS_MINUTES and OUTBOX_CHAOS_SEED set.
 
@@ -62,32 +63,34 @@ class Run:
 LONG = pytest.mark.skipif("OUTBOX_CHAOS_MINUTES" not in os.environ, reason="a long run: set OUTBOX_CHAOS_MINUTES")
 
 
-@pytest.fixture(
-    scope="module",
-    params=[
-        pytest.param("short", marks=pytest.mark.chaos),
-        pytest.param("short-pooler", marks=pytest.mark.chaos),
-        pytest.param("long", marks=[pytest.mark.chaos_long, LONG]),
-    ],
-)
-def run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Run:
-    """One chaos run per module: the short seeded one (directly, or behind a transaction pooler), or the long
-    one OUTBOX_CHAOS_MINUTES asks for (OUTBOX_CHAOS_POOLER: behind a pooler in that mode)."""
+def chaos_run(name: str, tmp_path_factory: pytest.TempPathFactory) -> Run:
+    """One chaos run: the short seeded one (`short`, or `short-pooler` behind a transaction pooler), or the long
+    one OUTBOX_CHAOS_MINUTES asks for (`long`; OUTBOX_CHAOS_POOLER: behind a pooler in that mode)."""
     pooler = os.environ.get("OUTBOX_CHAOS_POOLER") or None
-    if request.param == "short":
+    if name == "short":
         seed, minutes, pooler = SHORT_SEED, SHORT_MINUTES, None
-    elif request.param == "short-pooler":
+    elif name == "short-pooler":
         seed, minutes, pooler = SHORT_SEED, SHORT_MINUTES, "transaction"
     else:
         seed, minutes = int(os.environ.get("OUTBOX_CHAOS_SEED", "1")), float(os.environ["OUTBOX_CHAOS_MINUTES"])
     server = os.environ.get("OUTBOX_TEST_DATABASE_URL")
-    work_dir = tmp_path_factory.mktemp(f"chaos-{request.param}")
+    work_dir = tmp_path_factory.mktemp(f"chaos-{name}")
     config = ChaosConfig(
         seed=seed, minutes=minutes, server_url=server, pooler=pooler, work_dir=work_dir, log=lambda _: None
     )
     report = run_chaos(config)
     print(render(report))
     return Run(report, restartable=server is None)
+
+
+# The run behind a pooler is tests/test_chaos_pooler.py's, so that `make test` runs it beside this one.
+@pytest.fixture(
+    scope="module",
+    params=[pytest.param("short", marks=pytest.mark.chaos), pytest.param("long", marks=[pytest.mark.chaos_long, LONG])],
+)
+def run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Run:
+    """One chaos run per module, read by every test below."""
+    return chaos_run(request.param, tmp_path_factory)
 
 
 def test_every_fault_kind_was_injected(run: Run) -> None:
