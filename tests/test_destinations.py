@@ -384,14 +384,20 @@ def test_a_slow_down_in_a_row_takes_a_pace_from_as_few_as_one_accepted(engine: E
     assert destination(engine).slow_downs == 2
 
 
-def test_an_operator_s_pause_stays_the_operator_s(engine: Engine) -> None:
+def pause(engine: Engine, name: str, kind: str = kinds.NOOP.name, reason: str = "test") -> None:
+    """An operator's pause of `name` without end."""
     with engine.begin() as conn:
         conn.execute(
             text(
                 "INSERT INTO agent_destination (name, kind, paused_until, paused_by, pause_reason)"
-                " VALUES ('test_noop', 'TEST_NOOP', 'infinity', 'operator', 'relay maintenance')"
-            )
+                " VALUES (:name, :kind, 'infinity', 'operator', :reason)"
+            ),
+            {"name": name, "kind": kind, "reason": reason},
         )
+
+
+def test_an_operator_s_pause_stays_the_operator_s(engine: Engine) -> None:
+    pause(engine, "test_noop", reason="relay maintenance")
     run(with_store(engine, lambda s: s.slow_down("test_noop", "TEST_NOOP", 5.0, "429", SLOW_DOWN)))
     found = destination(engine)
     assert (found.paused_by, found.pause_reason, found.paused_for) == ("operator", "relay maintenance", float("inf"))
@@ -414,18 +420,6 @@ def test_the_plain_claim_skips_a_held_destination_and_takes_every_other(engine: 
     plain, held, wait = run(with_store(engine, claims))
     assert plain == {"TEST_READBACK", "n=30"}
     assert held == [] and wait is not None and 59 < wait <= 60  # paused: nothing, and when to look again
-
-
-def pause(engine: Engine, name: str, kind: str = kinds.NOOP.name) -> None:
-    """An operator's pause of `name` without end."""
-    with engine.begin() as conn:
-        conn.execute(
-            text(
-                "INSERT INTO agent_destination (name, kind, paused_until, paused_by, pause_reason)"
-                " VALUES (:name, :kind, 'infinity', 'operator', 'test')"
-            ),
-            {"name": name, "kind": kind},
-        )
 
 
 def claimed_ids(engine: Engine, limit: int, **claim: Any) -> list[int]:
