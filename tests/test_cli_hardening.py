@@ -165,6 +165,7 @@ class SilentServer:
         self.port: int = self._listener.getsockname()[1]
         self.url = f"postgresql://app:{PASSWORD}@127.0.0.1:{self.port}/app"
         self._open: list[socket.socket] = []
+        self._holding: list[threading.Thread] = []
         self.held: list[float] = []
         self._stopping = False
         self._thread = threading.Thread(target=self._accept, name="silent-server", daemon=True)
@@ -177,19 +178,27 @@ class SilentServer:
                 client.close()
                 return
             self._open.append(client)
-            threading.Thread(target=self._hold, args=(client, time.monotonic()), daemon=True).start()
+            holding = threading.Thread(target=self._hold, args=(client, time.monotonic()), daemon=True)
+            self._holding.append(holding)
+            holding.start()
 
     def _hold(self, client: socket.socket, accepted: float) -> None:
         with contextlib.suppress(OSError):
             while client.recv(4096):  # the client's startup packet, then nothing until it closes
                 pass
-            if not self._stopping:
-                self.held.append(time.monotonic() - accepted)
+            self.held.append(time.monotonic() - accepted)
+
+    def wait_held(self) -> list[float]:
+        """`held`, once every connection accepted so far was closed by its client (at most 10 s each)."""
+        for holding in list(self._holding):
+            holding.join(10)
+        return self.held
 
     def stop(self) -> None:
         self._stopping = True
         socket.create_connection(("127.0.0.1", self.port)).close()  # wakes the accepting thread
         self._thread.join(10)
+        self.wait_held()
         for client in self._open:
             client.close()
         self._listener.close()
@@ -511,7 +520,7 @@ def test_the_connect_timeout_option_wins_over_the_variable(silent_server: Silent
     url = silent_server.url
     ran = outbox("status", "--connect-timeout", "2", url=url, env={"OUTBOX_CONNECT_TIMEOUT_SECONDS": "3600"})
     failed(ran, 1, "cannot connect to the database: connection timeout expired")
-    held = silent_server.held
+    held = silent_server.wait_held()
     assert len(held) == 1 and CONNECT_TIMEOUT - 0.5 < held[0] < CONNECT_TIMEOUT + 1.0, held
 
 
