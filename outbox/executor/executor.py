@@ -223,16 +223,20 @@ class Executor:
     # ---- finding work ----------------------------------------------------------------------------
 
     async def _claim(self, limit: int) -> list[ClaimedAction]:
-        """Ready heads of open destinations, then of held ones as far as each allows (outbox.executor.destinations)."""
+        """Ready heads of open destinations, then of held ones as far as each allows (outbox.executor.destinations).
+        Each statement's heads start before the next statement runs."""
         open_heads = self._store.claim(
             limit, self.config.lease_seconds, self._kinds, some_held=self._destinations.some_held
         )
         claimed = await self._tried(open_heads) or []
-        if len(claimed) < limit:
-            held = self._destinations.claim(limit - len(claimed), self.config.lease_seconds, self._kinds)
-            claimed += await self._tried(held) or []
         for action in claimed:
             self._spawn(action)
+        if len(claimed) < limit:
+            held = self._destinations.claim(limit - len(claimed), self.config.lease_seconds, self._kinds)
+            claimed_held = await self._tried(held) or []
+            for action in claimed_held:
+                self._spawn(action)
+            claimed += claimed_held
         return claimed
 
     async def _sweep(self, free: int) -> int:

@@ -36,12 +36,15 @@ CLAIMED_COLUMNS = (
 # claimed one destination at a time (outbox.store.destinations).
 HELD = "paused_until > now() OR broken_since IS NOT NULL OR rate IS NOT NULL OR pace IS NOT NULL"
 
-# The claim's write: the heads found (`heads`: their ids) start executing under a new epoch and a lease.
+# The claim's write: the heads found (`heads`: their ids) start executing under a new epoch and a lease. The
+# ids are read as an array, so that the rows are found by primary key: joined to the CTE, the planner expects
+# as many heads as the claim's limit and, on a table of a few thousand rows (a paused destination's backlog),
+# hashes them and reads the whole table to take one head (0.45 ms of the 0.7 a claim of one head took).
 TAKE_HEADS = f"""
 UPDATE agent_action AS a
    SET state = 'EXECUTING', epoch = a.epoch + 1, attempt = a.attempt + 1,
        lease_expires_at = now() + make_interval(secs => :lease_seconds)
-  FROM heads WHERE a.id = heads.id
+ WHERE a.id = ANY (ARRAY(SELECT id FROM heads))
 RETURNING {CLAIMED_COLUMNS}"""
 
 # Due lane heads, many per round trip: the ADMITTED holders of their lanes (ix_agent_action_ready holds nothing
