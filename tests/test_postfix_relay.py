@@ -166,7 +166,11 @@ def test_a_throttling_postfix_relay_ends_every_email_done_once_without_spending_
     refused_rate = log.count("Message delivery request rate limit exceeded")
     refused_connections = log.count("Connection concurrency limit exceeded")
     counted = attempts_counted(engine)
-    assert refused_rate > 0 and refused_connections > 0, log[-2000:]
+    # Which limit refuses first depends on the machine's speed: a pace learned from the sessions' refusals may
+    # keep every later message under the rate (a CI run: one 421 at connect, pace 10.8/s, no 450 logged). The
+    # refusals are counted where outbox recorded them; the relay's log, whose lines postlogd may drop under
+    # load, only bounds them from below.
+    assert counted["DEFER"] > 0, log[-2000:]
     # every refusal the relay logged reached outbox as a DEFER (a log line lost under load only lowers the left)
     assert refused_rate + refused_connections <= counted["DEFER"], (refused_rate, refused_connections, counted)
     assert counted["FAILED"] == counted["UNCERTAIN"] == 0
