@@ -228,15 +228,17 @@ class Executor:
         open_heads = self._store.claim(
             limit, self.config.lease_seconds, self._kinds, some_held=self._destinations.some_held
         )
-        claimed = await self._tried(open_heads) or []
-        for action in claimed:
-            self._spawn(action)
+        claimed = await self._start(open_heads)
         if len(claimed) < limit:
             held = self._destinations.claim(limit - len(claimed), self.config.lease_seconds, self._kinds)
-            claimed_held = await self._tried(held) or []
-            for action in claimed_held:
-                self._spawn(action)
-            claimed += claimed_held
+            claimed += await self._start(held)
+        return claimed
+
+    async def _start(self, claim: Awaitable[list[ClaimedAction]]) -> list[ClaimedAction]:
+        """The heads `claim` took (none when the database was unavailable), each attempt started."""
+        claimed = await self._tried(claim) or []
+        for action in claimed:
+            self._spawn(action)
         return claimed
 
     async def _sweep(self, free: int) -> int:
