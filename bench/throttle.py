@@ -13,11 +13,13 @@ The cases: 500 and 5,000 lanes, 454 and 421, two executors and no rate; the rela
 5,000 lanes (454, two executors); then three executors and no rate. A case not drained in three times its
 ideal (and a minute to start) is stopped and reported as it stands (DONE below EMAILS).
 
-Per case: DONE and FAILED, the relay's refusals against what it accepted, the drain (from the first MAIL FROM
-the relay saw to the last message it accepted) against the ideal EMAILS / RATE, duplicates (by Message-ID),
-the busiest second, the pauses the executors logged, and the load average over the case. The executors' logs
-(each pause and pace at INFO) stay in the work directory, ./.outbox/throttle/<UTC time> unless --workdir is
-given, with results.json.
+Per case: DONE and FAILED, the relay's refusals against what it accepted (and those after the opening, the
+first OPENING_SECONDS from the first MAIL FROM: before the first slow-down every executor has its whole
+concurrency in flight, and what the relay refuses of it is the same whatever the pace does next), the drain
+(from the first MAIL FROM the relay saw to the last message it accepted) against the ideal EMAILS / RATE,
+duplicates (by Message-ID), the busiest second, the pauses the executors logged, and the load average over
+the case. The executors' logs (each pause and pace at INFO) stay in the work directory,
+./.outbox/throttle/<UTC time> unless --workdir is given, with results.json.
 """
 
 from __future__ import annotations
@@ -48,6 +50,8 @@ LIVE = ("PROPOSED", "ADMITTED", "EXECUTING")
 DEADLINE_IDEALS = 3
 # the executors' start-up, allowed on top of it
 START_SECONDS = 60
+# the opening of a drain, whose refusals are also counted apart
+OPENING_SECONDS = 10.0
 
 
 @dataclass(frozen=True)
@@ -70,6 +74,7 @@ class Figures:
     failed: int
     accepted: int
     refused: int
+    refused_after_opening: int
     drain_seconds: float
     ideal_seconds: float
     duplicates: int
@@ -80,16 +85,19 @@ class Figures:
     @property
     def row(self) -> str:
         share = self.refused / self.accepted if self.accepted else 0.0
+        later = self.refused_after_opening / self.accepted if self.accepted else 0.0
         return (
             f"| {self.case} | {self.done} | {self.failed} | {self.refused} / {self.accepted} ({share:.1%}) |"
+            f" {self.refused_after_opening} ({later:.1%}) |"
             f" {self.drain_seconds:.0f} s ({self.drain_seconds / self.ideal_seconds:.2f}x) | {self.duplicates} |"
             f" {self.busiest_second} | {self.pauses} | {self.load_average:.1f} |"
         )
 
 
 HEADER = (
-    "| case | DONE | FAILED | refused / accepted | drain (x ideal) | duplicates | busiest second | pauses | load |\n"
-    "|---|---|---|---|---|---|---|---|---|"
+    f"| case | DONE | FAILED | refused / accepted | refused after {OPENING_SECONDS:g} s | drain (x ideal) | duplicates"
+    " | busiest second | pauses | load |\n"
+    "|---|---|---|---|---|---|---|---|---|---|"
 )
 
 
@@ -167,6 +175,7 @@ def run_case(server: object, case: Case, emails: int, rate: float, workdir: Path
         failed=found.get("FAILED", 0),
         accepted=len(accepted),
         refused=relay.refused,
+        refused_after_opening=sum(at >= first + OPENING_SECONDS for at in relay.refused_at),
         drain_seconds=last - first,
         ideal_seconds=emails / rate,
         duplicates=relay.duplicates(),

@@ -31,7 +31,8 @@ GREYLISTED = "451 4.7.1 Greylisted, please come back later"
 
 
 class ThrottlingRelay:
-    """Start with `start()`, stop with `stop()`; `accepted`, `refused` and `greylisted` tell what it did."""
+    """Start with `start()`, stop with `stop()`; `accepted`, `refused` (with `refused_at`) and `greylisted` tell
+    what it did."""
 
     def __init__(
         self,
@@ -51,8 +52,8 @@ class ThrottlingRelay:
         self.sink = SmtpSink(seed=seed)
         self.sink.on_mail = self._on_mail
         self.sink.on_rcpt = self._on_rcpt
-        # MAIL FROMs refused by the bucket, RCPT TOs refused as greylisted
-        self.refused = 0
+        # the wall-clock times of the MAIL FROMs refused by the bucket; the RCPT TOs refused as greylisted
+        self.refused_at: list[float] = []
         self.greylisted = 0
         self._lock = threading.Lock()
         self._tokens = self.capacity
@@ -69,6 +70,10 @@ class ThrottlingRelay:
 
     def stop(self) -> None:
         self.sink.stop()
+
+    @property
+    def refused(self) -> int:
+        return len(self.refused_at)
 
     @property
     def accepted(self) -> list[Received]:
@@ -96,7 +101,7 @@ class ThrottlingRelay:
             if self._tokens >= 1:
                 self._tokens -= 1
                 return None
-            self.refused += 1
+            self.refused_at.append(time.time())
         return REFUSALS[self.refusal]
 
     def _on_rcpt(self, session: Session, address: str) -> str | None:
