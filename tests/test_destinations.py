@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 from datetime import UTC, datetime
+from itertools import pairwise
 from typing import Any
 
 import pytest
@@ -31,15 +32,18 @@ from outbox.executor.config import ExecutorConfig
 from outbox.executor.destinations import Destinations
 from outbox.executor.outcomes import Outcomes
 from outbox.executor.pacing import (
+    DECREASE,
     MEASURE_FLOOR_SECONDS,
     MIN_ACCEPTED,
     PACE,
     PAUSE_BASE_SECONDS,
+    RETURN_SECONDS,
     SLOW_DOWN,
 )
 from outbox.executor.store import ExecutorStore
-from outbox.rates import MAX_PER_SECOND, Rate, parse_rate
+from outbox.rates import BURST_SECONDS, MAX_PER_SECOND, Rate, parse_rate
 from outbox.store import executor as store_executor
+from outbox.store.destinations import _PACE_NOW as PACE_NOW
 from tests import kinds
 from tests.adapters import ScriptedAdapter
 from tests.support import until
@@ -382,6 +386,72 @@ def test_a_slow_down_in_a_row_takes_a_pace_from_as_few_as_one_accepted(engine: E
     again = slow_down(engine)
     assert 0 < again.pace <= 0.9 * accepted / MEASURE_FLOOR_SECONDS
     assert destination(engine).slow_downs == 2
+
+
+@pytest.mark.parametrize("lowered", [0.9, 9.0, 90.0])
+def test_a_lowered_pace_climbs_back_in_return_seconds_levels_then_rises_to_its_ceiling(
+    engine: Engine, lowered: float
+) -> None:
+    """The pace `t` seconds after it was lowered to `lowered` (from `lowered / DECREASE`), every half second
+    over a minute, as the claim reads it: the same curve at 1, 10 and 100 a second, so a cycle of slow-downs
+    lasts about as long whatever the provider's limit."""
+    with engine.connect() as conn:
+        curve = dict(
+            conn.execute(
+                text(
+                    "SELECT s.t::float8, " + PACE_NOW.format(t="d") + " FROM generate_series(0, 60, 0.5) AS s (t)"
+                    " CROSS JOIN LATERAL (SELECT CAST(:lowered AS float8) AS pace,"
+                    " now() - make_interval(secs => s.t) AS pace_at) AS d"
+                ),
+                PACE | {"lowered": lowered},
+            ).all()
+        )
+    was = lowered / DECREASE
+    paces = list(curve.values())
+    assert all(a <= b for a, b in pairwise(paces)), paces  # never falls
+    assert curve[0.0] == pytest.approx(lowered) and curve[RETURN_SECONDS] == pytest.approx(was)
+    assert all(abs(curve[t] - was) <= 0.01 * was for t in (3.0, 4.0, 6.0, 7.0))  # level near where it was
+    assert curve[2 * RETURN_SECONDS] == pytest.approx(was * (2 - DECREASE))  # above it, as fast as it came back
+    assert curve[60.0] == pytest.approx(2 * lowered + 1)  # the ceiling
+
+
+@pytest.mark.parametrize(("due", "restarted"), [(20, True), (1, False)])
+def test_a_pace_at_its_ceiling_starts_again_from_there_when_the_claim_uses_its_tokens(
+    engine: Engine, due: int, restarted: bool
+) -> None:
+    """A pace lowered to 4 a minute ago is at its ceiling, 9 a second. A claim that takes every token it allows
+    (20 heads due) starts the curve again from there (the provider still accepts what the executors keep up
+    with): the pace now 9 as before, the stored one 0.9 of it; a claim that leaves tokens over (1 head due)
+    changes nothing."""
+    insert_due(engine, due)
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO agent_destination (name, kind, pace, pace_at, tokens, tokens_at)"
+                " VALUES ('test_noop', 'TEST_NOOP', 4, now() - interval '60 s', 10, now())"
+            )
+        )
+
+    async def claim(store: ExecutorStore) -> list[ClaimedAction]:
+        claimed, _ = await store.claim_destination("test_noop", due, LEASE, KINDS, PACE | {"probe_seconds": 1})
+        return claimed
+
+    claimed = run(with_store(engine, claim))
+    assert len(claimed) == min(due, int(9 * BURST_SECONDS))  # a full bucket: a quarter of a second of 9/s
+    with engine.connect() as conn:
+        row = conn.execute(
+            text(
+                "SELECT d.pace, extract(epoch FROM now() - d.pace_at)::float8 AS since, "
+                + PACE_NOW.format(t="d")
+                + " AS pace_now FROM agent_destination AS d"
+            ),
+            PACE,
+        ).one()
+    if restarted:
+        assert row.pace == pytest.approx(9 * DECREASE) and RETURN_SECONDS <= row.since < RETURN_SECONDS + 5
+    else:
+        assert row.pace == 4 and row.since >= 60
+    assert row.pace_now == pytest.approx(9, rel=0.01)
 
 
 def pause(engine: Engine, name: str, kind: str = kinds.NOOP.name, reason: str = "test") -> None:

@@ -17,10 +17,17 @@ would be far too low), never below MIN_PACE. A slow-down in a row takes its pace
 MEASURE_SECONDS before the last pause began, from as few as one: without a pace every executor claims its
 whole concurrency again when a pause ends, the provider refuses the first of those before the ones it
 accepted have ended, and the pause doubled to minutes with the backlog waiting. Only a provider that
-accepted nothing over that span keeps the pause alone. From there the pace rises by RISE of itself a second (at least
-MIN_RISE attempts a second, a second; to at most twice itself and one more), so it climbs back to the
-provider's limit and finds it again: additive increase, multiplicative decrease. A pace not lowered for
-PACE_HOLD_SECONDS is over; the destination is open again. With a configured rate the lower of the two holds.
+accepted nothing over that span keeps the pause alone. From there the pace climbs back to where it was slowed
+down (the pace before it was lowered, `pace / DECREASE`) in RETURN_SECONDS, levels off there, then rises
+above it ever faster (a cubic of the time since it was lowered, to at most twice itself and one more), so it
+finds the provider's limit again: multiplicative decrease, and an increase whose cycle lasts about as long at
+any pace. A rise by a fixed number of attempts a second, a second, would overrun a slow provider within a
+second or two of each slow-down (a cycle accepts about L^2 / 5 attempts at a limit of L a second with 0.5 a
+second, a second: the refusals grow as the limit falls), and one by a share of the pace would take minutes to
+climb from a pace measured too low. A pace at its ceiling whose tokens the executors use up (they keep up
+with it, and the provider still accepts) starts its curve again from there, levelled: a pace measured far too
+low doubles every RETURN_SECONDS or so. A pace neither lowered nor restarted for PACE_HOLD_SECONDS is over;
+the destination is open again. With a configured rate the lower of the two holds.
 
 Turns. The claim takes a paced destination's heads as its token bucket allows, which bounds what is in flight;
 the attempts then reach the provider at their own speed (a notice's query, a connection), and on a busy
@@ -48,8 +55,7 @@ MEASURE_FLOOR_SECONDS = 0.5
 MIN_ACCEPTED = 5
 MIN_PAUSE_SECONDS = 0.25
 MIN_PACE = 0.1
-RISE = 0.01
-MIN_RISE = 0.5
+RETURN_SECONDS = 5.0
 PACE_HOLD_SECONDS = 600.0
 
 BREAK_FAILURES = 5
@@ -57,11 +63,15 @@ GATE_WAIT_SECONDS = 10.0
 
 # the parameters of the pace in outbox.store.destinations' statements; a learned pace's bucket holds
 # BURST_SECONDS of it (outbox.rates), as a configured rate's does
-PACE = {"rise": RISE, "min_rise": MIN_RISE, "pace_hold": PACE_HOLD_SECONDS, "burst_seconds": BURST_SECONDS}
+PACE = {
+    "decrease": DECREASE,
+    "return_seconds": RETURN_SECONDS,
+    "pace_hold": PACE_HOLD_SECONDS,
+    "burst_seconds": BURST_SECONDS,
+}
 SLOW_DOWN = PACE | {
     "base": PAUSE_BASE_SECONDS,
     "cap": PAUSE_CAP_SECONDS,
-    "decrease": DECREASE,
     "measure": MEASURE_SECONDS,
     "measure_floor": MEASURE_FLOOR_SECONDS,
     "min_accepted": MIN_ACCEPTED,

@@ -49,12 +49,14 @@ UPDATE agent_destination SET rate = NULL, updated_at = now()
 # before 17 refuses to subtract an infinite time)
 _SECONDS_UNTIL = "(extract(epoch FROM {t}) - extract(epoch FROM now()))"
 
-# The pace now: the pace as lowered, risen since by `:rise` of itself a second (at least `:min_rise`), to at
-# most twice itself and one more (a pace far above what the executors reach would only find the limit again by
-# a run of refusals); a pace unlowered for `:pace_hold` seconds is over (null).
+# The pace now, a cubic of the seconds t since it was lowered: from the pace as lowered (t = 0) back to where it
+# was slowed down (`pace / :decrease`) at t = `:return_seconds`, level there, then rising above it ever faster
+# (the same curve mirrored), to at most twice itself and one more (a pace far above what the executors reach
+# would only find the limit again by a run of refusals); a pace unlowered for `:pace_hold` seconds is over (null).
 _PACE_NOW = """CASE WHEN {t}.pace IS NULL OR now() - {t}.pace_at > make_interval(secs => :pace_hold) THEN NULL
      ELSE least(2 * {t}.pace + 1,
-                {t}.pace + greatest({t}.pace * :rise, :min_rise) * extract(epoch FROM now() - {t}.pace_at)) END"""
+                {t}.pace / :decrease * (1 + (1 - :decrease)
+                    * ((extract(epoch FROM now() - {t}.pace_at) - :return_seconds) / :return_seconds) ^ 3)) END"""
 
 # A destination's per-second allowance (`{t}` its row with `pace_now`): its rate or its pace, whichever is lower
 _PER_SECOND = "least(coalesce({t}.rate, 'infinity'), coalesce({pace_now}, 'infinity'))"
@@ -70,7 +72,9 @@ _ALLOWED = "coalesce((SELECT greatest(0, least(:limit, floor(available)))::int F
 # Heads of one held destination, as many as it allows now (its row locked FOR UPDATE: one executor at a time
 # takes its tokens): paused, none; broken, one probe when its probe time has come (the next is then
 # `:probe_seconds` later); paced, as many as its token bucket holds (the rate and the pace, whichever is lower,
-# refill it, up to its burst: the configured one, or `:burst_seconds` of the pace when that holds more). Every
+# refill it, up to its burst: the configured one, or `:burst_seconds` of the pace when that holds more). A pace
+# at its ceiling (twice itself and one more) whose tokens this claim used up starts its curve again there,
+# levelled (`pace_at` `:return_seconds` back): the executors keep up with it and the provider still accepts. Every
 # row comes back with the seconds until the destination may allow more (`next_seconds`: the end of its pause,
 # its probe time, or its next token when the tokens, not the due heads, ran out; else null), and the claimed
 # action's columns (null when none).
@@ -79,7 +83,7 @@ WITH locked AS MATERIALIZED (
     SELECT * FROM agent_destination WHERE name = :name FOR UPDATE
 ), found AS MATERIALIZED (
     SELECT l.name, coalesce(l.paused_until > now(), false) AS paused, l.broken_since IS NOT NULL AS broken, l.probe_at,
-           l.paused_until, {_PACE_NOW.format(t="l")} AS pace_now, l.rate, l.burst, l.tokens, l.tokens_at
+           l.paused_until, l.pace, {_PACE_NOW.format(t="l")} AS pace_now, l.rate, l.burst, l.tokens, l.tokens_at
       FROM locked AS l
 ), priced AS MATERIALIZED (
     SELECT f.*, {_PER_SECOND.format(t="f", pace_now="f.pace_now")} AS per_second FROM found AS f
@@ -100,13 +104,20 @@ WITH locked AS MATERIALIZED (
 ), claimed AS ({TAKE_HEADS}
 ), taken AS MATERIALIZED (
     SELECT count(*) AS n FROM claimed
+), ceiling AS MATERIALIZED (
+    SELECT NOT g.paused AND NOT g.broken AND g.pace_now >= 2 * g.pace + 1 AND g.per_second = g.pace_now
+           AND (SELECT n FROM taken) >= floor(g.available) AS used_up
+      FROM allowed AS g
 ), spent AS (
     UPDATE agent_destination AS d
        SET tokens = CASE WHEN g.per_second = 'infinity' OR g.paused OR g.broken THEN d.tokens
                          ELSE g.available - (SELECT n FROM taken) END,
            tokens_at = CASE WHEN g.per_second = 'infinity' OR g.paused OR g.broken THEN d.tokens_at ELSE now() END,
-           pace = CASE WHEN g.pace_now IS NULL THEN NULL ELSE d.pace END,
-           pace_at = CASE WHEN g.pace_now IS NULL THEN NULL ELSE d.pace_at END,
+           pace = CASE WHEN g.pace_now IS NULL THEN NULL
+                       WHEN (SELECT used_up FROM ceiling) THEN g.pace_now * :decrease ELSE d.pace END,
+           pace_at = CASE WHEN g.pace_now IS NULL THEN NULL
+                          WHEN (SELECT used_up FROM ceiling) THEN now() - make_interval(secs => :return_seconds)
+                          ELSE d.pace_at END,
            probe_at = CASE WHEN g.broken AND (SELECT n FROM taken) > 0
                            THEN now() + make_interval(secs => :probe_seconds) ELSE d.probe_at END
       FROM allowed AS g
