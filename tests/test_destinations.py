@@ -38,6 +38,7 @@ from outbox.executor.pacing import (
     PACE,
     PAUSE_BASE_SECONDS,
     RETURN_SECONDS,
+    SETTLE_SECONDS,
     SLOW_DOWN,
 )
 from outbox.executor.store import ExecutorStore
@@ -386,6 +387,46 @@ def test_a_slow_down_in_a_row_takes_a_pace_from_as_few_as_one_accepted(engine: E
     again = slow_down(engine)
     assert 0 < again.pace <= 0.9 * accepted / MEASURE_FLOOR_SECONDS
     assert destination(engine).slow_downs == 2
+
+
+def paced(engine: Engine, pace: float, lowered_seconds_ago: float) -> None:
+    """test_noop paced at `pace` since it was lowered `lowered_seconds_ago`, its pause over."""
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO agent_destination (name, kind, pace, pace_at, paused_until, paused_by, slow_downs)"
+                " VALUES ('test_noop', 'TEST_NOOP', :pace, now() - make_interval(secs => :ago),"
+                " now() - make_interval(secs => :ago), 'provider', 1)"
+            ),
+            {"pace": pace, "ago": lowered_seconds_ago},
+        )
+
+
+@pytest.mark.parametrize(("lowered_seconds_ago", "lowers"), [(0.2, False), (SETTLE_SECONDS + 0.5, True)])
+def test_a_slow_down_soon_after_the_pace_was_lowered_pauses_without_lowering_it_again(
+    engine: Engine, lowered_seconds_ago: float, lowers: bool
+) -> None:
+    """The refusals of attempts sent at the pace before it was lowered come within SETTLE_SECONDS: each pauses
+    the destination, none lowers the pace again (a tenth each, a run of them would take it far below the
+    provider's limit); one after that lowers it."""
+    paced(engine, 10.0, lowered_seconds_ago)
+    slowed = slow_down(engine)
+    assert slowed.newly_paused
+    if lowers:
+        x = (lowered_seconds_ago - RETURN_SECONDS) / RETURN_SECONDS
+        pace_then = 10 / DECREASE * (1 + (1 - DECREASE) * x**3)  # the pace had risen a little since
+        assert slowed.pace == pytest.approx(DECREASE * pace_then, rel=0.02)
+    else:
+        assert slowed.pace == 10.0
+
+
+def test_a_slow_down_lowers_a_pace_far_above_what_the_provider_accepted_to_that(engine: Engine) -> None:
+    """A pace of 40 a second, but the provider accepted 10 at once (20 a second over the shortest span): it
+    refuses because its limit is what it accepts, so the pace comes down to 0.9 of that in one slow-down."""
+    paced(engine, 40.0, 60.0)
+    accepted_just_now(engine, 10)
+    slowed = slow_down(engine)
+    assert slowed.pace == pytest.approx(DECREASE * 10 / MEASURE_FLOOR_SECONDS, rel=0.05)
 
 
 @pytest.mark.parametrize("lowered", [0.9, 9.0, 90.0])

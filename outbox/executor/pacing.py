@@ -9,11 +9,15 @@ for a paused destination. A paced destination's pause is short: the lowered pace
 limit, and a long pause in every cycle of the pace would cost more than the refusals it saves; a provider
 that refuses everything (a window of its limit used up) doubles it.
 
-Pace. Each slow-down that finds its destination not paused lowers the pace to DECREASE of what it was: the
-pace then, else its configured rate, else the attempts it accepted a second since the first it accepted in the
-last MEASURE_SECONDS, over at least MEASURE_FLOOR_SECONDS (when it accepted fewer than MIN_ACCEPTED, it gets
-no pace: the pause alone; at a cold start most attempts are still in flight, and a pace measured over a few
-would be far too low), never below MIN_PACE. A slow-down in a row takes its pace from what was accepted since
+Pace. A slow-down that finds its destination not paused, and its pace not lowered in the last SETTLE_SECONDS
+(or two tokens of it, when longer: the attempts sent at the pace before are still being answered), lowers
+the pace to DECREASE of what it was: the pace then, else its configured rate, and no more than what the
+provider accepted: the attempts it accepted a second since the first it accepted since the last pause ended,
+within the last MEASURE_SECONDS, over at least MEASURE_FLOOR_SECONDS, when at least MIN_ACCEPTED (a provider
+that refuses accepts its limit, so a pace that had risen far above it comes down to it at once instead of
+by a tenth at a time; with fewer, and no pace, it gets no pace: the pause alone; at a cold start most
+attempts are still in flight, and a pace measured over a few would be far too low); never below MIN_PACE.
+A slow-down in a row takes its pace from what was accepted since
 MEASURE_SECONDS before the last pause began, from as few as one: without a pace every executor claims its
 whole concurrency again when a pause ends, the provider refuses the first of those before the ones it
 accepted have ended, and the pause doubled to minutes with the backlog waiting. Only a provider that
@@ -55,6 +59,7 @@ MEASURE_FLOOR_SECONDS = 0.5
 MIN_ACCEPTED = 5
 MIN_PAUSE_SECONDS = 0.25
 MIN_PACE = 0.1
+SETTLE_SECONDS = 1.0
 RETURN_SECONDS = 5.0
 PACE_HOLD_SECONDS = 600.0
 
@@ -77,4 +82,5 @@ SLOW_DOWN = PACE | {
     "min_accepted": MIN_ACCEPTED,
     "min_pause": MIN_PAUSE_SECONDS,
     "min_pace": MIN_PACE,
+    "settle": SETTLE_SECONDS,
 }

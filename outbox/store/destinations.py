@@ -160,16 +160,17 @@ RETURNING g.paused,
 """)
 
 # A provider's slow-down (its row made first by ADD_DESTINATION). While a pause lasts, the slow-downs of the
-# attempts claimed before it change nothing but for a longer wait the provider names. Otherwise the pace is
-# lowered to `:decrease` of what it was (the pace now; the configured rate; else the attempts it accepted a
-# second since the first it accepted in the last `:measure` seconds, over at least `:measure_floor` seconds,
-# when it accepted at least `:min_accepted`; else it gets no pace: the pause alone; for a slow-down in a row,
-# what it accepted from `:measure` seconds before the last pause began, when at least one), never below
-# `:min_pace`,
-# and both its token buckets are emptied (the turns already given stay given); and the pause is the
-# provider's wait, or else one token of the pace, at least `:min_pause` (no pace: `:base` seconds), doubling
-# with each slow-down in a row (one after the last pause ended, within twice its length, with nothing
-# accepted since), at most `:cap`. An operator's pause stays the operator's.
+# attempts claimed before it change nothing but for a longer wait the provider names. Otherwise, unless the pace
+# was lowered less than `:settle` seconds (or two of its tokens) ago, the pace is lowered to `:decrease` of what
+# it was (the pace now, else the configured rate; no more than what the provider accepted: the attempts it
+# accepted a second since the first it accepted since the last pause ended, in the last `:measure` seconds, over
+# at least `:measure_floor` seconds, when at least `:min_accepted`; with no pace or rate, that alone, or no pace:
+# the pause alone; for a slow-down in a row, the pace now, else the rate, else what it accepted from `:measure`
+# seconds before the last pause began, when at least one), never below `:min_pace`, and both its token buckets
+# are emptied (the turns already given stay given); and the pause is the provider's wait, or else one token of
+# the pace, at least `:min_pause` (no pace: `:base` seconds), doubling with each slow-down in a row (one after
+# the last pause ended, within twice its length, with nothing accepted since), at most `:cap`. An operator's
+# pause stays the operator's.
 SLOW_DOWN = text(f"""
 WITH found AS MATERIALIZED (
     SELECT d.*, coalesce(d.paused_until > now(), false) AS paused,
@@ -185,7 +186,7 @@ WITH found AS MATERIALIZED (
 ), again AS MATERIALIZED (
     SELECT f.*, f.in_a_row AND NOT f.paused AS again,
            CASE WHEN f.in_a_row AND NOT f.paused THEN f.paused_until - f.pause_was - make_interval(secs => :measure)
-                ELSE now() - make_interval(secs => :measure) END AS measured_since
+                ELSE greatest(now() - make_interval(secs => :measure), f.paused_until) END AS measured_since
       FROM found AS f
 ), accepted AS MATERIALIZED (
     SELECT count(*) AS n, min(a.ended_at) AS first FROM agent_action AS a, again AS g
@@ -193,12 +194,16 @@ WITH found AS MATERIALIZED (
 ), measured AS MATERIALIZED (
     SELECT g.*,
            CASE WHEN g.paused THEN g.slow_downs WHEN g.in_a_row THEN g.slow_downs + 1 ELSE 1 END AS streak,
-           coalesce(g.pace_now, g.rate, (
-               SELECT a.n / greatest(:measure_floor, extract(epoch FROM now() - a.first)) FROM accepted AS a
-                WHERE a.n >= CASE WHEN g.again THEN 1 ELSE :min_accepted END)) AS pace_was
+           (SELECT a.n / greatest(:measure_floor, extract(epoch FROM now() - a.first)) FROM accepted AS a
+             WHERE a.n >= CASE WHEN g.again THEN 1 ELSE :min_accepted END) AS accepted_pace
       FROM again AS g
 ), lowered AS MATERIALIZED (
-    SELECT m.*, NOT m.paused AND m.pace_was IS NOT NULL AS lowers FROM measured AS m
+    SELECT m.*, CASE WHEN m.again THEN coalesce(m.pace_now, m.rate, m.accepted_pace)
+                     ELSE least(coalesce(m.pace_now, m.rate), m.accepted_pace) END AS pace_was,
+           NOT m.paused AND coalesce(m.pace_now, m.rate, m.accepted_pace) IS NOT NULL
+               AND (m.pace IS NULL OR now() - m.pace_at >= make_interval(secs => greatest(:settle, 2 / m.pace)))
+           AS lowers
+      FROM measured AS m
 ), counted AS MATERIALIZED (
     SELECT l.*, CASE WHEN l.lowers THEN greatest(:min_pace, :decrease * l.pace_was) ELSE l.pace_now END AS pace_then
       FROM lowered AS l
