@@ -12,8 +12,8 @@ that refuses everything (a window of its limit used up) doubles it.
 Pace. A slow-down that finds its destination not paused, and its pace not lowered in the last SETTLE_SECONDS
 (or two tokens of it, when longer: the attempts sent at the pace before are still being answered), lowers
 the pace to DECREASE of what it was: the pace then, else its configured rate, and no more than what the
-provider accepted: the attempts it accepted a second since the first it accepted since the last pause ended,
-within the last MEASURE_SECONDS, over at least MEASURE_FLOOR_SECONDS, when at least MIN_ACCEPTED (a provider
+provider accepted: the attempts it accepted a second since the first it accepted in the last MEASURE_SECONDS,
+over at least MEASURE_FLOOR_SECONDS, when at least MIN_ACCEPTED (a provider
 that refuses accepts its limit, so a pace that had risen far above it comes down to it at once instead of
 by a tenth at a time; with fewer, and no pace, it gets no pace: the pause alone; at a cold start most
 attempts are still in flight, and a pace measured over a few would be far too low); never below MIN_PACE.

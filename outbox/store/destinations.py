@@ -163,8 +163,8 @@ RETURNING g.paused,
 # attempts claimed before it change nothing but for a longer wait the provider names. Otherwise, unless the pace
 # was lowered less than `:settle` seconds (or two of its tokens) ago, the pace is lowered to `:decrease` of what
 # it was (the pace now, else the configured rate; no more than what the provider accepted: the attempts it
-# accepted a second since the first it accepted since the last pause ended, in the last `:measure` seconds, over
-# at least `:measure_floor` seconds, when at least `:min_accepted`; with no pace or rate, that alone, or no pace:
+# accepted a second since the first it accepted in the last `:measure` seconds, over at least `:measure_floor`
+# seconds, when at least `:min_accepted`; with no pace or rate, that alone, or no pace:
 # the pause alone; for a slow-down in a row, the pace now, else the rate, else what it accepted from `:measure`
 # seconds before the last pause began, when at least one), never below `:min_pace`, and both its token buckets
 # are emptied (the turns already given stay given); and the pause is the provider's wait, or else one token of
@@ -186,7 +186,7 @@ WITH found AS MATERIALIZED (
 ), again AS MATERIALIZED (
     SELECT f.*, f.in_a_row AND NOT f.paused AS again,
            CASE WHEN f.in_a_row AND NOT f.paused THEN f.paused_until - f.pause_was - make_interval(secs => :measure)
-                ELSE greatest(now() - make_interval(secs => :measure), f.paused_until) END AS measured_since
+                ELSE now() - make_interval(secs => :measure) END AS measured_since
       FROM found AS f
 ), accepted AS MATERIALIZED (
     SELECT count(*) AS n, min(a.ended_at) AS first FROM agent_action AS a, again AS g
