@@ -9,29 +9,28 @@ for a paused destination. A paced destination's pause is short: the lowered pace
 limit, and a long pause in every cycle of the pace would cost more than the refusals it saves; a provider
 that refuses everything (a window of its limit used up) doubles it.
 
-Pace. A slow-down that finds its destination not paused, and its pace not lowered in the last SETTLE_SECONDS
-(or two tokens of it, when longer: the attempts sent at the pace before are still being answered), lowers
-the pace to DECREASE of what it was: the pace then, else its configured rate, and no more than what the
-provider accepted: the attempts it accepted a second since the first it accepted in the last MEASURE_SECONDS,
-over at least MEASURE_FLOOR_SECONDS, when at least MIN_ACCEPTED (a provider
-that refuses accepts its limit, so a pace that had risen far above it comes down to it at once instead of
-by a tenth at a time; with fewer, and no pace, it gets no pace: the pause alone; at a cold start most
-attempts are still in flight, and a pace measured over a few would be far too low); never below MIN_PACE.
-A slow-down in a row takes its pace from what was accepted since
-MEASURE_SECONDS before the last pause began, from as few as one: without a pace every executor claims its
-whole concurrency again when a pause ends, the provider refuses the first of those before the ones it
-accepted have ended, and the pause doubled to minutes with the backlog waiting. Only a provider that
-accepted nothing over that span keeps the pause alone. From there the pace climbs back to where it was slowed
-down (the pace before it was lowered, `pace / DECREASE`) in RETURN_SECONDS, levels off there, then rises
-above it ever faster (a cubic of the time since it was lowered, to at most twice itself and one more), so it
-finds the provider's limit again: multiplicative decrease, and an increase whose cycle lasts about as long at
-any pace. A rise by a fixed number of attempts a second, a second, would overrun a slow provider within a
-second or two of each slow-down (a cycle accepts about L^2 / 5 attempts at a limit of L a second with 0.5 a
-second, a second: the refusals grow as the limit falls), and one by a share of the pace would take minutes to
-climb from a pace measured too low. A pace at its ceiling whose tokens the executors use up (they keep up
-with it, and the provider still accepts) starts its curve again from there, levelled: a pace measured far too
-low doubles every RETURN_SECONDS or so. A pace neither lowered nor restarted for PACE_HOLD_SECONDS is over;
-the destination is open again. With a configured rate the lower of the two holds.
+Pace. A slow-down that finds its destination not paused, and its pace not lowered in the last SETTLE_SECONDS (or
+two tokens of it, when longer: the attempts sent at the pace before are still being answered), lowers the pace to
+DECREASE of what it was: the pace then, else its configured rate, and no more than what the provider accepted: the
+attempts it accepted a second since the first it accepted in the last MEASURE_SECONDS, over at least
+MEASURE_FLOOR_SECONDS, when at least MIN_ACCEPTED (a provider that refuses accepts its limit, so a pace that had
+risen far above it comes down to it at once instead of by a tenth at a time; with fewer, and no pace, it gets no
+pace: the pause alone; at a cold start most attempts are still in flight, and a pace measured over a few would be
+far too low); never below MIN_PACE. A slow-down in a row takes its pace from what was accepted since
+MEASURE_SECONDS before the last pause began, from as few as one: without a pace every executor claims its whole
+concurrency again when a pause ends, the provider refuses the first of those before the ones it accepted have
+ended, and the pause doubled to minutes with the backlog waiting. Only a provider that accepted nothing over that
+span keeps the pause alone. From there the pace climbs back to where it was slowed down (the pace before it was
+lowered, `pace / DECREASE`) in RETURN_SECONDS, levels off there, then rises above it ever faster (a cubic of the
+time since it was lowered, to at most twice itself and one more), so it finds the provider's limit again:
+multiplicative decrease, and an increase whose cycle lasts about as long at any pace. A rise by a fixed number of
+attempts a second, a second, would overrun a slow provider within a second or two of each slow-down (a cycle
+accepts about L^2 / 5 attempts at a limit of L a second with 0.5 a second, a second: the refusals grow as the limit
+falls), and one by a share of the pace would take minutes to climb from a pace measured too low. A pace at its
+ceiling whose tokens the executors use up (they keep up with it, and the provider still accepts) starts its curve
+again from there, levelled: a pace measured far too low nearly doubles every 2 * RETURN_SECONDS. A pace neither lowered
+nor restarted for PACE_HOLD_SECONDS is over; the destination is open again. With a configured rate the lower of the
+two holds.
 
 Turns. The claim takes a paced destination's heads as its token bucket allows, which bounds what is in flight;
 the attempts then reach the provider at their own speed (a notice's query, a connection), and on a busy
