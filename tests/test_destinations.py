@@ -33,6 +33,7 @@ from outbox.executor.destinations import Destinations
 from outbox.executor.outcomes import Outcomes
 from outbox.executor.pacing import (
     DECREASE,
+    GATE_WAIT_SECONDS,
     MEASURE_FLOOR_SECONDS,
     MIN_ACCEPTED,
     PACE,
@@ -276,6 +277,38 @@ def test_an_attempt_of_a_paused_destination_waits_the_pause_or_defers_a_long_one
 
     waited = run(with_store(engine, gate))
     assert 0.3 < waited < 5, waited  # the rest of the pause, then its turn at once (an open bucket)
+
+
+def test_attempts_whose_turns_are_too_far_off_defer_without_taking_a_turn(engine: Engine) -> None:
+    """A pace of 2 a second and 40 attempts at its gate at once (as when the pace is lowered under the attempts
+    already claimed): the first take turns up to GATE_WAIT_SECONDS away, the rest are told a turn further off
+    and take none, so the next one's turn is no further off than theirs, and an executor's attempt then defers
+    at once. (Had each taken its turn, every later one would be further off, until no attempt's turn came
+    within GATE_WAIT_SECONDS and the destination sent nothing while its backlog waited.)"""
+    pace = 2.0
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO agent_destination (name, kind, pace, pace_at, send_tokens, send_tokens_at)"
+                " VALUES ('test_noop', 'TEST_NOOP', :pace, now(), 0, now())"
+            ),
+            {"pace": pace},
+        )
+
+    async def gate(store: ExecutorStore) -> tuple[list[float], str]:
+        destinations = Destinations(store, [], ExecutorConfig(), Outcomes())
+        await destinations.refresh([kinds.NOOP.name])
+        waits = [(await store.take_send_token("test_noop", destinations._gate_params))[0] for _ in range(40)]
+        with pytest.raises(DestinationWaits) as deferred:
+            await destinations.gate(gated_action(1))
+        return waits, str(deferred.value)
+
+    waits, deferred = run(with_store(engine, gate))
+    taken = [wait for wait in waits if wait <= GATE_WAIT_SECONDS]
+    assert taken == waits[: len(taken)] == sorted(taken) and len(taken) >= GATE_WAIT_SECONDS * pace - 1, waits
+    told = waits[len(taken) :]
+    assert told and all(GATE_WAIT_SECONDS < wait < GATE_WAIT_SECONDS + 1 for wait in told), told  # no further off
+    assert "its turn is" in deferred, deferred
 
 
 async def test_an_attempt_whose_destination_paused_after_its_claim_defers_uncounted(

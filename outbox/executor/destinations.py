@@ -66,6 +66,7 @@ class Destinations:
         self._rates = adapter_rates(adapters)
         self._config = config
         self._claim_params = PACE | {"probe_seconds": config.probe_seconds}
+        self._gate_params = PACE | {"gate_wait": GATE_WAIT_SECONDS}
         self._outcomes = outcomes
         # the held destinations of this executor's kinds, as the last refresh found them: name -> broken
         self._held: dict[str, bool] = {}
@@ -130,7 +131,7 @@ class Destinations:
         destination's pause, is more than GATE_WAIT_SECONDS away."""
         name = action.destination
         while name in self._held:
-            wait, paused = await self._store.take_send_token(name, PACE)
+            wait, paused = await self._store.take_send_token(name, self._gate_params)
             if wait > GATE_WAIT_SECONDS:  # an operator's pause without end is Infinity: the longest wait then
                 why = "paused" if paused else "its turn is"
                 wait = min(wait, PAUSE_CAP_SECONDS)

@@ -38,7 +38,9 @@ machine those claimed in one second could reach it in the next together with tha
 attempt of a held destination takes a token of a second bucket just before its fence, as full and as fast as
 the first, and waits for its turn when there is none: the provider sees at most the rate and the burst in
 any second. An attempt whose turn, or its destination's pause, is more than GATE_WAIT_SECONDS away waits no
-longer: it ends Defer (it does not count) and its lane's head is due when the wait is over.
+longer and takes no turn: it ends Defer (it does not count) and its lane's head is due when the wait is over.
+(A turn taken and never used would push every later one further off, until none came within GATE_WAIT_SECONDS
+and the destination sent nothing: seen once at 5 a second, 687 emails waiting and none sent for three minutes.)
 
 Breaker. An executor that saw only failed attempts (a Retry: refused, reset, 5xx, no answer) to a destination
 for `ExecutorConfig.break_seconds` (30 s), at least BREAK_FAILURES of them, marks it broken: no executor

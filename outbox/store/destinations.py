@@ -135,8 +135,11 @@ SELECT c.*,
 # when attempts reach the provider (the claim's bounds what is in flight). Paused: no token, and `wait_seconds`
 # is the rest of the pause (the attempt asks again after it). Otherwise the token is taken even when the bucket
 # holds less than one (it goes below zero: the turns given to attempts already waiting), and `wait_seconds` is
-# the time until the attempt's turn (0: now). The bucket refills at the rate or the pace, whichever is lower,
-# and holds as much as the claim's; it starts full. An open destination (no rate, no pace) never waits.
+# the time until the attempt's turn (0: now); but a turn more than `:gate_wait` seconds away is not taken (the
+# attempt does not wait for it: it ends Defer, and a token it never uses would push every later turn further
+# off, until no attempt's turn came within `:gate_wait` and the destination sent nothing). The bucket refills at
+# the rate or the pace, whichever is lower, and holds as much as the claim's; it starts full. An open
+# destination (no rate, no pace) never waits.
 TAKE_SEND_TOKEN = text(f"""
 WITH found AS MATERIALIZED (
     SELECT d.name, coalesce(d.paused_until > now(), false) AS paused, d.paused_until, d.burst, d.send_tokens,
@@ -147,16 +150,20 @@ WITH found AS MATERIALIZED (
            CASE WHEN f.paused OR f.per_second = 'infinity' THEN NULL
                 ELSE {_TOKENS_NOW.format(t="f", tokens="send_tokens", at="send_tokens_at")} END AS available
       FROM found AS f
+), turned AS MATERIALIZED (
+    SELECT g.*, greatest(0, 1 - g.available) / g.per_second AS turn_seconds FROM allowed AS g
 )
 UPDATE agent_destination AS d
-   SET send_tokens = coalesce(g.available - 1, d.send_tokens),
-       send_tokens_at = CASE WHEN g.available IS NULL THEN d.send_tokens_at ELSE now() END
-  FROM allowed AS g
+   SET send_tokens = CASE WHEN g.available IS NULL OR g.turn_seconds > :gate_wait THEN d.send_tokens
+                          ELSE g.available - 1 END,
+       send_tokens_at = CASE WHEN g.available IS NULL OR g.turn_seconds > :gate_wait THEN d.send_tokens_at
+                             ELSE now() END
+  FROM turned AS g
  WHERE d.name = g.name
 RETURNING g.paused,
           CASE WHEN g.paused THEN {_SECONDS_UNTIL.format(t="g.paused_until")}
                WHEN g.available IS NULL THEN 0
-               ELSE greatest(0, 1 - g.available) / g.per_second END::float8 AS wait_seconds
+               ELSE g.turn_seconds END::float8 AS wait_seconds
 """)
 
 # A provider's slow-down (its row made first by ADD_DESTINATION). While a pause lasts, the slow-downs of the
