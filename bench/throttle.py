@@ -41,7 +41,7 @@ from demo.postgres import embedded_postgres_server, fresh_database
 from outbox import migrate
 from outbox.db import psycopg_url
 from tests.support import enqueue_verify_emails
-from tests.throttling_relay import Refusal, ThrottlingRelay
+from tests.throttling_relay import OPENING_SECONDS, Refusal, ThrottlingRelay
 
 ROOT = Path(__file__).resolve().parent.parent
 SENDER = "outbox@example.com"
@@ -50,8 +50,6 @@ LIVE = ("PROPOSED", "ADMITTED", "EXECUTING")
 DEADLINE_IDEALS = 3
 # the executors' start-up, allowed on top of it
 START_SECONDS = 60
-# the opening of a drain, whose refusals are also counted apart
-OPENING_SECONDS = 10.0
 
 
 @dataclass(frozen=True)
@@ -175,7 +173,7 @@ def run_case(server: object, case: Case, emails: int, rate: float, workdir: Path
         failed=found.get("FAILED", 0),
         accepted=len(accepted),
         refused=relay.refused,
-        refused_after_opening=sum(at >= first + OPENING_SECONDS for at in relay.refused_at),
+        refused_after_opening=relay.refused_after_opening(),
         drain_seconds=last - first,
         ideal_seconds=emails / rate,
         duplicates=relay.duplicates(),

@@ -28,6 +28,9 @@ REFUSALS: dict[Refusal, str] = {
     "421": "421 4.7.0 Try again later, closing connection",
 }
 GREYLISTED = "451 4.7.1 Greylisted, please come back later"
+# The opening of a drain: before the first slow-down comes back every executor has its whole concurrency in
+# flight, and what the relay refuses of it is the same whatever the pace does next
+OPENING_SECONDS = 10.0
 
 
 class ThrottlingRelay:
@@ -74,6 +77,11 @@ class ThrottlingRelay:
     @property
     def refused(self) -> int:
         return len(self.refused_at)
+
+    def refused_after_opening(self) -> int:
+        """The refusals after the first OPENING_SECONDS from the first MAIL FROM the relay saw."""
+        first = min([r.mail_at for r in self.accepted] + self.refused_at, default=0.0)
+        return sum(at >= first + OPENING_SECONDS for at in self.refused_at)
 
     @property
     def accepted(self) -> list[Received]:
