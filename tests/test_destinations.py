@@ -212,12 +212,14 @@ def test_attempts_that_reach_their_fences_bunched_take_turns_at_the_rate_plus_th
         )
     bunch, bunches = int(2 * RATE), 3
 
-    async def executor(first: int) -> list[float]:
-        async def attempts(store: ExecutorStore) -> tuple[list[float], list[float]]:
+    async def executor(first: int) -> tuple[list[tuple[float, float]], list[float]]:
+        async def attempts(store: ExecutorStore) -> tuple[list[tuple[float, float]], list[float]]:
             destinations = Destinations(store, [], ExecutorConfig(), Outcomes())
             await destinations.refresh([kinds.NOOP.name])
             loop = asyncio.get_running_loop()
-            turns: list[float] = []  # when the database's answer said each attempt's turn comes
+            # when the database's answer said each attempt's turn comes: between the question's time and the
+            # answer's, plus the wait (the database's clock read the time somewhere in that round trip)
+            turns: list[tuple[float, float]] = []
             passed: list[float] = []
             take_send_token = store.take_send_token
 
@@ -225,7 +227,7 @@ def test_attempts_that_reach_their_fences_bunched_take_turns_at_the_rate_plus_th
                 asked = loop.time()
                 wait, paused = await take_send_token(name, pacing)
                 if not paused:
-                    turns.append(asked + wait)
+                    turns.append((asked + wait, loop.time() + wait))
                 return wait, paused
 
             store.take_send_token = taking  # type: ignore[method-assign]
@@ -238,16 +240,18 @@ def test_attempts_that_reach_their_fences_bunched_take_turns_at_the_rate_plus_th
                 await asyncio.gather(*(attempt(first + b * bunch + i) for i in range(bunch // 2)))
             return turns, passed
 
-        found: tuple[list[float], list[float]] = await with_store(engine, attempts)
+        found: tuple[list[tuple[float, float]], list[float]] = await with_store(engine, attempts)
         return found
 
-    async def both() -> tuple[list[float], list[float]]:
+    async def both() -> tuple[list[tuple[float, float]], list[float]]:
         first, second = await asyncio.gather(executor(0), executor(10_000))
         return sorted(first[0] + second[0]), sorted(first[1] + second[1])
 
     turns, times = run(both())
     assert len(turns) == len(times) == bunch * bunches
-    worst = max(sum(1 for u in turns if t <= u < t + 1.0) for t in turns)
+    # the most turns certainly within one second (on a loaded machine a round trip can take long enough to
+    # put a turn's client-side time in the next second's window)
+    worst = max(sum(1 for early, late in turns if t <= early and late < t + 1.0) for t, _ in turns)
     assert worst <= RATE + BURST, worst
     span = times[-1] - times[0]
     assert (len(times) - BURST) / span == pytest.approx(RATE, rel=0.1), span
