@@ -126,9 +126,6 @@ class Chaos:
         self.by_key: dict[str, Planned] = {}
         self.erasures: list[Erasure] = []
         self.erased_accounts: set[int] = set()
-        # the accounts of brink actions: never erased, so that every brink ends with its effect found or not
-        # (an erased brink action leaves no reference, and its provider's faults would wait for it in vain)
-        self.brink_accounts: set[int] = set()
         self.slots: list[Slot] = []
         self.kills: list[Kill] = []
         self.brinks: list[Brink] = []
@@ -383,8 +380,6 @@ class Chaos:
             **_extra(options),
         )
         planned = Planned(0, kinds.READBACK.name, key, lane, account, brink=brink)
-        if brink and account is not None:
-            self.brink_accounts.add(account)
         planned.proposed = request.proposed
         planned.expires = request.expires_at is not None
         if self._enqueue(request, planned) is not None:
@@ -428,8 +423,6 @@ class Chaos:
         planned.proposed = request.proposed
         planned.expires = request.expires_at is not None
         if brink:  # armed before any executor can claim it
-            if account is not None:
-                self.brink_accounts.add(account)
             self.brink_keys[request.idempotency_key] = (kind, self.now())
             self._write_brink_keys()
 
@@ -493,7 +486,10 @@ class Chaos:
                     """)
                 ).scalars()
             )
-        candidates = [account for account in candidates if account not in self.brink_accounts]
+        # never a brink action's account, so that every brink ends with its effect found or not (an erased
+        # brink action leaves no reference, and its provider's faults would wait for it in vain)
+        brinks = {plan.account for plan in self.planned.values() if plan.brink}
+        candidates = [account for account in candidates if account not in brinks]
         if not candidates:
             return
         account = self.work_rng.choice(candidates)
