@@ -152,13 +152,13 @@ WITH found AS MATERIALIZED (
       FROM found AS f
 ), turned AS MATERIALIZED (
     SELECT g.*, greatest(0, 1 - g.available) / g.per_second AS turn_seconds FROM allowed AS g
+), taking AS MATERIALIZED (
+    SELECT t.*, coalesce(t.turn_seconds <= :gate_wait, false) AS takes FROM turned AS t
 )
 UPDATE agent_destination AS d
-   SET send_tokens = CASE WHEN g.available IS NULL OR g.turn_seconds > :gate_wait THEN d.send_tokens
-                          ELSE g.available - 1 END,
-       send_tokens_at = CASE WHEN g.available IS NULL OR g.turn_seconds > :gate_wait THEN d.send_tokens_at
-                             ELSE now() END
-  FROM turned AS g
+   SET send_tokens = CASE WHEN g.takes THEN g.available - 1 ELSE d.send_tokens END,
+       send_tokens_at = CASE WHEN g.takes THEN now() ELSE d.send_tokens_at END
+  FROM taking AS g
  WHERE d.name = g.name
 RETURNING g.paused,
           CASE WHEN g.paused THEN {_SECONDS_UNTIL.format(t="g.paused_until")}
