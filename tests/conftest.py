@@ -140,9 +140,13 @@ class CliResult:
 @pytest.fixture
 def cli(
     database_url: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> Callable[..., CliResult]:
-    """`outbox ARGS...` through the console script's entry point, on the test's database."""
+) -> Iterator[Callable[..., CliResult]]:
+    """`outbox ARGS...` through the console script's entry point, on the test's database. A long-running
+    command sets up the root logger on stderr, the test's captured one: it is set back afterwards, or every
+    later log line of the session (an SMTP sink's thread) would be written to a closed file."""
     monkeypatch.setenv("OUTBOX_DATABASE_URL", database_url)
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
 
     def invoke(*args: str) -> CliResult:
         capsys.readouterr()
@@ -155,7 +159,9 @@ def cli(
         captured = capsys.readouterr()
         return CliResult(code, captured.out, captured.err)
 
-    return invoke
+    yield invoke
+    root.handlers[:] = handlers
+    root.setLevel(level)
 
 
 @pytest.fixture
