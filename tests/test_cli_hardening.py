@@ -281,7 +281,7 @@ class TerminatingProxy:
                         back.join(10)  # the server's FATAL reaches the client, then it closes
                         return
                     server.sendall(kind + (len(body) + 4).to_bytes(4) + body)
-            except ConnectionError:
+            except OSError:  # the client hung up, or the server did and _to_client closed the client
                 return
 
     @staticmethod
