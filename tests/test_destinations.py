@@ -34,7 +34,7 @@ from outbox.executor.outcomes import Outcomes
 from outbox.executor.pacing import (
     DECREASE,
     GATE_WAIT_SECONDS,
-    LEVEL,
+    LEVELLED,
     MEASURE_FLOOR_SECONDS,
     MIN_ACCEPTED,
     PACE,
@@ -452,7 +452,7 @@ def test_a_slow_down_soon_after_the_pace_was_lowered_pauses_without_lowering_it_
     assert slowed.newly_paused
     if lowers:
         x = (lowered_seconds_ago - RETURN_SECONDS) / RETURN_SECONDS
-        pace_then = 10 * (LEVEL / DECREASE + (LEVEL / DECREASE - 1) * x**3)  # the pace had risen a little since
+        pace_then = 10 * (LEVELLED + (LEVELLED - 1) * x**3)  # the pace had risen a little since
         assert slowed.pace == pytest.approx(DECREASE * pace_then, rel=0.02)
     else:
         assert slowed.pace == 10.0
@@ -485,7 +485,7 @@ def test_a_lowered_pace_climbs_back_in_return_seconds_levels_then_rises_to_its_c
                 PACE | {"lowered": lowered},
             ).all()
         )
-    level = lowered * LEVEL / DECREASE
+    level = lowered * LEVELLED
     paces = list(curve.values())
     assert all(a <= b for a, b in pairwise(paces)), paces  # never falls
     assert curve[0.0] == pytest.approx(lowered) and curve[RETURN_SECONDS] == pytest.approx(level)
@@ -527,7 +527,7 @@ def test_a_pace_at_its_ceiling_starts_again_from_there_when_the_claim_uses_its_t
             PACE,
         ).one()
     if restarted:
-        assert row.pace == pytest.approx(9 * DECREASE / LEVEL) and RETURN_SECONDS <= row.since < RETURN_SECONDS + 5
+        assert row.pace == pytest.approx(9 / LEVELLED) and RETURN_SECONDS <= row.since < RETURN_SECONDS + 5
     else:
         assert row.pace == 4 and row.since >= 60
     assert row.pace_now == pytest.approx(9, rel=0.01)

@@ -21,19 +21,19 @@ MEASURE_SECONDS before the last pause began, from as few as one: without a pace 
 concurrency again when a pause ends, the provider refuses the first of those before the ones it accepted have
 ended, and the pause doubled to minutes with the backlog waiting. Only a provider that accepted nothing over that
 span keeps the pause alone. From there the pace climbs in RETURN_SECONDS to LEVEL of where it was slowed down
-(`pace * LEVEL / DECREASE`), levels off there, then rises above it ever faster (a cubic of the time since it was
-lowered, to at most twice itself and one more), so it finds the provider's limit again: multiplicative
-decrease, and an increase whose cycle lasts about as long at any pace. The level is below the pace that was
-refused: a provider whose bucket the last refusals emptied refills it only by what the pace leaves unused, and
-at the refused pace itself it would stay empty, refusing any two attempts that reach it closer together than
+(`pace * LEVELLED`, LEVELLED = LEVEL / DECREASE), levels off there, then rises above it ever faster (a cubic of the
+time since it was lowered, to at most twice itself and one more), so it finds the provider's limit again:
+multiplicative decrease, and an increase whose cycle lasts about as long at any pace. The level is below the pace
+that was refused: a provider whose bucket the last refusals emptied refills it only by what the pace leaves unused,
+and at the refused pace itself it would stay empty, refusing any two attempts that reach it closer together than
 its rate (a connection, a notice's query: their times vary). A rise by a fixed number of attempts a second, a
 second, would overrun a slow provider within a second or two of each slow-down (a cycle accepts about L^2 / 5
 attempts at a limit of L a second with 0.5 a second, a second: the refusals grow as the limit falls), and one by a
 share of the pace would take minutes to climb from a pace measured too low. A pace at its ceiling whose tokens the
 executors use up (they keep up with it, and the provider still accepts) starts its curve again from there,
 levelled: a pace measured far too low grows 1.9 times every 2.6 * RETURN_SECONDS. A pace neither lowered nor
-restarted for PACE_HOLD_SECONDS is over; the destination is open again. With a configured rate the lower of the
-two holds.
+restarted for PACE_HOLD_SECONDS is over; the destination is open again. With a configured rate the lower of the two
+holds.
 
 Turns. The claim takes a paced destination's heads as its token bucket allows, which bounds what is in flight;
 the attempts then reach the provider at their own speed (a notice's query, a connection), and on a busy
@@ -59,6 +59,8 @@ PAUSE_BASE_SECONDS = 0.5
 PAUSE_CAP_SECONDS = 300.0
 DECREASE = 0.9
 LEVEL = 0.95
+# the level the pace climbs to and holds, as a multiple of the pace as lowered
+LEVELLED = LEVEL / DECREASE
 MEASURE_SECONDS = 2.0
 MEASURE_FLOOR_SECONDS = 0.5
 MIN_ACCEPTED = 5
@@ -75,7 +77,7 @@ GATE_WAIT_SECONDS = 10.0
 # BURST_SECONDS of it (outbox.rates), as a configured rate's does
 PACE = {
     "decrease": DECREASE,
-    "level": LEVEL,
+    "levelled": LEVELLED,
     "return_seconds": RETURN_SECONDS,
     "pace_hold": PACE_HOLD_SECONDS,
     "burst_seconds": BURST_SECONDS,

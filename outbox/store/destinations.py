@@ -49,14 +49,14 @@ UPDATE agent_destination SET rate = NULL, updated_at = now()
 # before 17 refuses to subtract an infinite time)
 _SECONDS_UNTIL = "(extract(epoch FROM {t}) - extract(epoch FROM now()))"
 
-# The pace now, a cubic of the seconds t since it was lowered: from the pace as lowered (t = 0) to `:level` of
-# where it was slowed down (`pace * :level / :decrease`) at t = `:return_seconds`, level there, then rising above
+# The pace now, a cubic of the seconds t since it was lowered: from the pace as lowered (t = 0) to its level
+# (`pace * :levelled`, below where it was slowed down) at t = `:return_seconds`, level there, then rising above
 # it ever faster (the same curve mirrored), to at most twice itself and one more (a pace far above what the
 # executors reach would only find the limit again by a run of refusals); a pace unlowered for `:pace_hold` seconds
 # is over (null).
 _PACE_NOW = """CASE WHEN {t}.pace IS NULL OR now() - {t}.pace_at > make_interval(secs => :pace_hold) THEN NULL
      ELSE least(2 * {t}.pace + 1,
-                {t}.pace * (:level / :decrease + (:level / :decrease - 1)
+                {t}.pace * (:levelled + (:levelled - 1)
                     * ((extract(epoch FROM now() - {t}.pace_at) - :return_seconds) / :return_seconds) ^ 3)) END"""
 
 # A destination's per-second allowance (`{t}` its row with `pace_now`): its rate or its pace, whichever is lower
@@ -115,7 +115,7 @@ WITH locked AS MATERIALIZED (
                          ELSE g.available - (SELECT n FROM taken) END,
            tokens_at = CASE WHEN g.per_second = 'infinity' OR g.paused OR g.broken THEN d.tokens_at ELSE now() END,
            pace = CASE WHEN g.pace_now IS NULL THEN NULL
-                       WHEN (SELECT used_up FROM ceiling) THEN g.pace_now * :decrease / :level ELSE d.pace END,
+                       WHEN (SELECT used_up FROM ceiling) THEN g.pace_now / :levelled ELSE d.pace END,
            pace_at = CASE WHEN g.pace_now IS NULL THEN NULL
                           WHEN (SELECT used_up FROM ceiling) THEN now() - make_interval(secs => :return_seconds)
                           ELSE d.pace_at END,
