@@ -1,4 +1,4 @@
--- outbox's schema at revision 0019, as PostgreSQL 18 dumps it. Generated from the migrations
+-- outbox's schema at revision 0020, as PostgreSQL 18 dumps it. Generated from the migrations
 -- by `python -m tests.schema_dump`; do not edit: the revisions in migrations/versions/ are the source.
 
 --
@@ -441,6 +441,7 @@ CREATE TABLE public.agent_destination (
     updated_at timestamp with time zone DEFAULT now() NOT NULL,
     send_tokens double precision,
     send_tokens_at timestamp with time zone,
+    slowed_at timestamp with time zone,
     CONSTRAINT ck_agent_destination_burst CHECK (((burst >= (1)::double precision) AND (burst <= (1000000)::double precision))),
     CONSTRAINT ck_agent_destination_name CHECK ((name ~ '^[a-z0-9_][a-z0-9_.:-]{0,79}$'::text)),
     CONSTRAINT ck_agent_destination_pace CHECK ((pace > (0)::double precision)),

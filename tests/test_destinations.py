@@ -43,7 +43,7 @@ from outbox.executor.pacing import (
     SETTLE_SECONDS,
     SLOW_DOWN,
 )
-from outbox.executor.store import ExecutorStore
+from outbox.executor.store import ExecutorStore, Turn
 from outbox.rates import BURST_SECONDS, MAX_PER_SECOND, Rate, parse_rate
 from outbox.store import executor as store_executor
 from outbox.store.destinations import _PACE_NOW as PACE_NOW
@@ -224,12 +224,12 @@ def test_attempts_that_reach_their_fences_bunched_take_turns_at_the_rate_plus_th
             passed: list[float] = []
             take_send_token = store.take_send_token
 
-            async def taking(name: str, pacing: Any) -> tuple[float, bool]:
+            async def taking(name: str, pacing: Any) -> Turn:
                 asked = loop.time()
-                wait, paused = await take_send_token(name, pacing)
-                if not paused:
-                    turns.append((asked + wait, loop.time() + wait))
-                return wait, paused
+                turn = await take_send_token(name, pacing)
+                if not turn.paused:
+                    turns.append((asked + turn.wait_seconds, loop.time() + turn.wait_seconds))
+                return turn
 
             store.take_send_token = taking  # type: ignore[method-assign]
 
@@ -284,6 +284,47 @@ def test_an_attempt_of_a_paused_destination_waits_the_pause_or_defers_a_long_one
     assert 0.3 < waited < 5, waited  # the rest of the pause, then its turn at once (an open bucket)
 
 
+def test_a_turn_that_a_pause_voided_while_the_attempt_waited_is_taken_again(engine: Engine) -> None:
+    """An attempt waits for its turn half a second away (a pace of 2 a second, its bucket empty); meanwhile
+    the provider refuses another attempt. The pause voids every turn given before it: the waiting attempt
+    does not go at its old turn (the provider would refuse it too, and each such turn once meant a refusal),
+    it takes a turn again under the pause and the lowered pace, and passes after both."""
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO agent_destination (name, kind, pace, pace_at, send_tokens, send_tokens_at)"
+                " VALUES ('test_noop', 'TEST_NOOP', 2, now() - make_interval(secs => :back), 0, now())"
+            ),
+            {"back": RETURN_SECONDS / 2},  # lowered a while ago: the slow-down below may lower it again
+        )
+
+    async def gate(store: ExecutorStore) -> tuple[list[Turn], bool]:
+        destinations = Destinations(store, [], ExecutorConfig(), Outcomes())
+        await destinations.refresh([kinds.NOOP.name])
+        turns: list[Turn] = []
+        first_given = asyncio.Event()
+        take_send_token = store.take_send_token
+
+        async def taking(name: str, pacing: Any) -> Turn:
+            turn = await take_send_token(name, pacing)
+            turns.append(turn)
+            first_given.set()
+            return turn
+
+        store.take_send_token = taking  # type: ignore[method-assign]
+        waiting = asyncio.create_task(destinations.gate(gated_action(1)))
+        await first_given.wait()
+        slowed = await store.slow_down("test_noop", "TEST_NOOP", None, "mail: 454; slow down", SLOW_DOWN)
+        await waiting
+        return turns, slowed.newly_paused
+
+    turns, newly_paused = run(with_store(engine, gate))
+    assert newly_paused
+    first, *again = turns
+    assert not first.paused and 0.3 < first.wait_seconds <= 0.5, first
+    assert again and all(turn.slowed_at is not None and turn.slowed_at != first.slowed_at for turn in again), turns
+
+
 def test_attempts_whose_turns_are_too_far_off_defer_without_taking_a_turn(engine: Engine) -> None:
     """A pace of 2 a second and 40 attempts at its gate at once (as when the pace is lowered under the attempts
     already claimed): the first take turns up to GATE_WAIT_SECONDS away, the rest are told a turn further off
@@ -303,7 +344,7 @@ def test_attempts_whose_turns_are_too_far_off_defer_without_taking_a_turn(engine
     async def gate(store: ExecutorStore) -> tuple[list[float], str]:
         destinations = Destinations(store, [], ExecutorConfig(), Outcomes())
         await destinations.refresh([kinds.NOOP.name])
-        waits = [(await store.take_send_token("test_noop", destinations._gate_params))[0] for _ in range(40)]
+        waits = [(await store.take_send_token("test_noop", destinations._gate_params)).wait_seconds for _ in range(40)]
         with pytest.raises(DestinationWaits) as deferred:
             await destinations.gate(gated_action(1))
         return waits, str(deferred.value)
@@ -383,8 +424,9 @@ def test_a_slow_down_pauses_doubles_in_a_row_and_ignores_the_attempts_already_in
     assert (found.paused_by, found.slow_downs, found.pause_reason) == ("provider", 2, "mail: 454; slow down")
 
 
-def accepted_just_now(engine: Engine, n: int) -> None:
-    """`n` actions of test_noop that its provider accepted just now (DONE, through the guard's moves)."""
+def accepted_just_now(engine: Engine, n: int, sent_seconds_ago: float = 0.0) -> None:
+    """`n` actions of test_noop that its provider accepted just now (DONE, through the guard's moves), their
+    fences `sent_seconds_ago`."""
     insert_due(engine, n)
     with engine.begin() as conn:
         conn.execute(
@@ -392,6 +434,10 @@ def accepted_just_now(engine: Engine, n: int) -> None:
                 "UPDATE agent_action SET state = 'EXECUTING', epoch = 1, attempt = 1,"
                 " lease_expires_at = now() + interval '5 min'"
             )
+        )
+        conn.execute(
+            text("UPDATE agent_action SET write_started_at = now() - make_interval(secs => :ago)"),
+            {"ago": sent_seconds_ago},
         )
         conn.execute(text("UPDATE agent_action SET state = 'DONE', stop_reason = 'CONFIRMED'"))
 
@@ -413,18 +459,36 @@ def test_a_slow_down_lowers_the_pace_from_what_the_provider_accepted(
 
 
 def test_a_slow_down_in_a_row_takes_a_pace_from_as_few_as_one_accepted(engine: Engine) -> None:
-    """Fewer than MIN_ACCEPTED accepted: the first slow-down pauses alone; the next one in a row (nothing
-    accepted since the pause ended) takes its pace from those few, so that the executors do not send their
-    whole concurrency again after every pause while it doubles."""
+    """Nothing accepted: the first slow-down pauses alone. The provider then accepts two of the attempts sent
+    after it (its bucket was empty at the refusal: what it accepts since is what it refilled), and the next
+    slow-down in a row (nothing accepted since the pause ended) takes its pace from those two over the time
+    since the first, so that the executors do not send their whole concurrency again after every pause while
+    it doubles."""
+    assert slow_down(engine).pace is None
     accepted = 2
     accepted_just_now(engine, accepted)
-
-    assert slow_down(engine).pace is None
-    with engine.begin() as conn:
-        conn.execute(text("UPDATE agent_destination SET paused_until = now()"))  # the pause is over
+    with engine.begin() as conn:  # the pause is over; it began MEASURE_FLOOR_SECONDS before the two were sent
+        conn.execute(
+            text(
+                "UPDATE agent_destination SET paused_until = now(), slowed_at = now() - make_interval(secs => :floor)"
+            ),
+            {"floor": MEASURE_FLOOR_SECONDS},
+        )
     again = slow_down(engine)
     assert 0 < again.pace <= 0.9 * accepted / MEASURE_FLOOR_SECONDS
     assert destination(engine).slow_downs == 2
+
+
+def test_a_slow_down_measures_what_the_provider_accepted_since_it_last_refused(engine: Engine) -> None:
+    """Forty accepted just now, sent before the provider's last refusal (half a second ago): its saved-up
+    bucket, not its rate. The slow-down counts only what was sent since that refusal: none, so the pace is
+    the one it had, lowered, and not 90 % of the forty's 80 a second (over the shortest span)."""
+    paced(engine, 10.0, RETURN_SECONDS)  # at its level: 10 * LEVELLED
+    accepted_just_now(engine, 40, sent_seconds_ago=1.0)
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE agent_destination SET slowed_at = now() - interval '0.5 s'"))
+    slowed = slow_down(engine)
+    assert slowed.pace == pytest.approx(DECREASE * 10 * LEVELLED, rel=0.02)
 
 
 def paced(engine: Engine, pace: float, lowered_seconds_ago: float) -> None:

@@ -131,14 +131,18 @@ class Destinations:
         destination's pause, is more than GATE_WAIT_SECONDS away."""
         name = action.destination
         while name in self._held:
-            wait, paused = await self._store.take_send_token(name, self._gate_params)
+            turn = await self._store.take_send_token(name, self._gate_params)
+            wait = turn.wait_seconds
             if wait > GATE_WAIT_SECONDS:  # an operator's pause without end is Infinity: the longest wait then
-                why = "paused" if paused else "its turn is"
+                why = "paused" if turn.paused else "its turn is"
                 wait = min(wait, PAUSE_CAP_SECONDS)
                 raise DestinationWaits(action.id, wait, f"destination {name}: {why} {wait:.1f} s away")
             if wait > 0:
                 await asyncio.sleep(wait)
-            if not paused:
+            if turn.paused:
+                continue
+            # a turn the provider's pause voided while the attempt waited for it: take another
+            if wait == 0 or await self._store.slowed_at(name) == turn.slowed_at:
                 return
 
     async def saw(self, action: ClaimedAction, result: Result) -> Result:
@@ -147,8 +151,9 @@ class Destinations:
         name = action.destination
         if isinstance(result, SlowDown):
             named = result.after if result.named else None
-            slowed = await self._store.slow_down(name, action.kind.name, named, result.reason, SLOW_DOWN)
+            # held from now: this executor's next attempts ask for their turns, which wait for the pause
             self._held[name] = self._held.get(name, False)
+            slowed = await self._store.slow_down(name, action.kind.name, named, result.reason, SLOW_DOWN)
             # claimed for again at its pause's end, or within the poll interval (an operator may resume it)
             wait = min(max(0.0, slowed.pause_seconds), self._config.poll_seconds)
             self._not_before[name] = asyncio.get_running_loop().time() + wait

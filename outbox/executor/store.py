@@ -91,6 +91,17 @@ class SlowedDown:
 
 
 @dataclass(frozen=True)
+class Turn:
+    """An attempt's turn at a held destination: the seconds until it (0: now), whether the destination is
+    paused (then no turn was given, and the seconds are the rest of the pause), and when the provider last
+    paused it (epoch seconds, None: never), which voids every turn given before."""
+
+    wait_seconds: float
+    paused: bool
+    slowed_at: float | None
+
+
+@dataclass(frozen=True)
 class Sweep:
     """One sweep: the actions it ended (with the trace each keeps) and those it claimed again."""
 
@@ -200,12 +211,16 @@ class ExecutorStore:
         claimed = [claimed_action(row, fresh=True) for row in rows if row.id is not None]
         return claimed, rows[0].next_seconds if rows else None
 
-    async def take_send_token(self, name: str, pacing: Mapping[str, float]) -> tuple[float, bool]:
-        """An attempt of the held destination `name`, before its fence (destinations.TAKE_SEND_TOKEN): the
-        seconds until its turn (0: now; its token is taken either way) and whether the destination is paused
-        (then no token was taken, and the seconds are the rest of the pause)."""
+    async def take_send_token(self, name: str, pacing: Mapping[str, float]) -> Turn:
+        """An attempt of the held destination `name`, before its fence (destinations.TAKE_SEND_TOKEN): its
+        turn (its token is taken unless the destination is paused)."""
         rows = await self._rows(destinations.TAKE_SEND_TOKEN, {"name": name, **pacing})
-        return (rows[0].wait_seconds, rows[0].paused) if rows else (0.0, False)
+        return Turn(rows[0].wait_seconds, rows[0].paused, rows[0].slowed_at) if rows else Turn(0.0, False, None)
+
+    async def slowed_at(self, name: str) -> float | None:
+        """When the provider last paused `name` (epoch seconds; None: never, or no row)."""
+        rows = await self._rows(destinations.SLOWED_AT, {"name": name})
+        return rows[0].slowed_at if rows else None
 
     async def held_destinations(self) -> list[tuple[str, str, bool]]:
         """The destinations held back from the plain claim (paused, broken, paced or with a rate): name, kind,

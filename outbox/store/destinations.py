@@ -49,6 +49,9 @@ UPDATE agent_destination SET rate = NULL, updated_at = now()
 # before 17 refuses to subtract an infinite time)
 _SECONDS_UNTIL = "(extract(epoch FROM {t}) - extract(epoch FROM now()))"
 
+# A time as epoch seconds (float8), to compare as it was read
+_EPOCH = "extract(epoch FROM {t})::float8"
+
 # The pace now, a cubic of the seconds t since it was lowered: from the pace as lowered (t = 0) to its level
 # (`pace * :levelled`, below where it was slowed down) at t = `:return_seconds`, level there, then rising above
 # it ever faster (the same curve mirrored), to at most twice itself and one more (a pace far above what the
@@ -164,7 +167,14 @@ UPDATE agent_destination AS d
 RETURNING g.paused,
           CASE WHEN g.paused THEN {_SECONDS_UNTIL.format(t="g.paused_until")}
                WHEN g.available IS NULL THEN 0
-               ELSE g.turn_seconds END::float8 AS wait_seconds
+               ELSE g.turn_seconds END::float8 AS wait_seconds,
+          {_EPOCH.format(t="d.slowed_at")} AS slowed_at
+""")
+
+# An attempt that waited for its turn, just before its fence: when the provider last paused the destination
+# (a pause since its turn was given voids the turn: the attempt takes another)
+SLOWED_AT = text(f"""
+SELECT {_EPOCH.format(t="slowed_at")} AS slowed_at FROM agent_destination WHERE name = :name
 """)
 
 # A provider's slow-down (its row made first by ADD_DESTINATION). While a pause lasts, the slow-downs of the
@@ -193,18 +203,25 @@ WITH found AS MATERIALIZED (
      WHERE d.name = :name FOR UPDATE OF d
 ), again AS MATERIALIZED (
     SELECT f.*, f.in_a_row AND NOT f.paused AS again,
-           CASE WHEN f.in_a_row AND NOT f.paused THEN f.paused_until - f.pause_was - make_interval(secs => :measure)
-                ELSE now() - make_interval(secs => :measure) END AS measured_since
+           coalesce(f.slowed_at > now() - make_interval(secs => :measure) OR f.in_a_row, false) AS from_empty
       FROM found AS f
+), since AS MATERIALIZED (
+    SELECT g.*, CASE WHEN g.from_empty THEN g.slowed_at ELSE now() - make_interval(secs => :measure) END
+                AS measured_since
+      FROM again AS g
 ), accepted AS MATERIALIZED (
-    SELECT count(*) AS n, min(a.ended_at) AS first FROM agent_action AS a, again AS g
+    SELECT count(*) AS n, min(a.write_started_at) AS first FROM agent_action AS a, since AS g
      WHERE a.ended_at > g.measured_since AND a.destination = :name AND a.state = 'DONE'
+       AND a.write_started_at > g.measured_since
 ), measured AS MATERIALIZED (
     SELECT g.*,
            CASE WHEN g.paused THEN g.slow_downs WHEN g.in_a_row THEN g.slow_downs + 1 ELSE 1 END AS streak,
-           (SELECT a.n / greatest(:measure_floor, extract(epoch FROM now() - a.first)) FROM accepted AS a
+           (SELECT CASE WHEN NOT g.from_empty THEN a.n / greatest(:measure_floor, extract(epoch FROM now() - a.first))
+                        WHEN now() - g.measured_since >= make_interval(secs => :measure_floor)
+                        THEN a.n / extract(epoch FROM now() - g.measured_since) END
+              FROM accepted AS a
              WHERE a.n >= CASE WHEN g.again THEN 1 ELSE :min_accepted END) AS accepted_pace
-      FROM again AS g
+      FROM since AS g
 ), lowered AS MATERIALIZED (
     SELECT m.*, CASE WHEN m.again THEN coalesce(m.pace_now, m.rate, m.accepted_pace)
                      ELSE least(coalesce(m.pace_now, m.rate), m.accepted_pace) END AS pace_was,
@@ -226,12 +243,13 @@ UPDATE agent_destination AS d
        paused_by = CASE WHEN c.paused AND d.paused_by = 'operator' THEN 'operator' ELSE 'provider' END,
        pause_reason = CASE WHEN c.paused AND d.paused_by = 'operator' THEN d.pause_reason
                            ELSE left(:reason, 500) END,
+       slowed_at = CASE WHEN c.paused THEN d.slowed_at ELSE now() END,
        pace = CASE WHEN c.lowers THEN c.pace_then ELSE d.pace END,
        pace_at = CASE WHEN c.lowers THEN now() ELSE d.pace_at END,
        tokens = CASE WHEN c.lowers THEN 0 ELSE d.tokens END,
        tokens_at = CASE WHEN c.lowers THEN now() ELSE d.tokens_at END,
-       send_tokens = CASE WHEN c.lowers THEN least(coalesce(d.send_tokens, 0), 0) ELSE d.send_tokens END,
-       send_tokens_at = CASE WHEN c.lowers THEN now() ELSE d.send_tokens_at END,
+       send_tokens = CASE WHEN c.paused THEN d.send_tokens ELSE 0 END,
+       send_tokens_at = CASE WHEN c.paused THEN d.send_tokens_at ELSE now() END,
        updated_at = now()
   FROM counted AS c
  WHERE d.name = c.name
@@ -272,7 +290,7 @@ RETURNING name
 RESUME = text("""
 UPDATE agent_destination
    SET paused_until = NULL, paused_by = NULL, pause_reason = NULL, slow_downs = 0, broken_since = NULL,
-       probe_at = NULL, pace = NULL, pace_at = NULL, updated_at = now()
+       probe_at = NULL, pace = NULL, pace_at = NULL, slowed_at = NULL, updated_at = now()
  WHERE name = :name
 RETURNING name
 """)
@@ -283,6 +301,6 @@ END_PROVIDER_PAUSES = text("""
 UPDATE agent_destination
    SET paused_until = CASE WHEN paused_by = 'provider' THEN NULL ELSE paused_until END,
        paused_by = CASE WHEN paused_by = 'provider' THEN NULL ELSE paused_by END,
-       pace = NULL, pace_at = NULL, slow_downs = 0
+       pace = NULL, pace_at = NULL, slowed_at = NULL, slow_downs = 0
  WHERE paused_by = 'provider' OR pace IS NOT NULL
 """)
