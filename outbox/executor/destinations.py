@@ -7,8 +7,10 @@
           ──▶ claim(): for each held destination whose time has come, CLAIM_DESTINATION_HEADS ─▶ the
               seconds until it may allow more (its pause's end, its probe, its next token): `wake_at`
     fence ──▶ gate(): an attempt of a held destination takes its turn (TAKE_SEND_TOKEN) and waits for it;
-              paused, it waits the pause and asks again; a wait over GATE_WAIT_SECONDS: DestinationWaits
-    result ──SlowDown──▶ slow_down: pause and lower the pace for every executor; the action waits the pause
+              paused, it waits the pause and asks again; a turn a provider's pause voided while it waited
+              (SLOWED_AT): it takes another; a wait over GATE_WAIT_SECONDS: DestinationWaits
+    result ──SlowDown──▶ held here at once; slow_down: pause and lower the pace for every executor; the
+                         action waits the pause
            ──Retry────▶ the destination's run of failures; BREAK_FAILURES of them over `break_seconds` with
                         no success: broken (one probe every `probe_seconds`)
            ──Done─────▶ the run ends; a broken destination is mended

@@ -9,41 +9,48 @@ for a paused destination. A paced destination's pause is short: the lowered pace
 limit, and a long pause in every cycle of the pace would cost more than the refusals it saves; a provider
 that refuses everything (a window of its limit used up) doubles it.
 
-Pace. A slow-down that finds its destination not paused, and its pace not lowered in the last SETTLE_SECONDS (or
-two tokens of it, when longer: the attempts sent at the pace before are still being answered), lowers the pace to
-DECREASE of what it was: the pace then, else its configured rate, and no more than what the provider accepted: the
-attempts it accepted a second since the first it accepted in the last MEASURE_SECONDS, over at least
-MEASURE_FLOOR_SECONDS, when at least MIN_ACCEPTED (a provider that refuses accepts its limit, so a pace that had
-risen far above it comes down to it at once instead of by a tenth at a time; with fewer, and no pace, it gets no
-pace: the pause alone; at a cold start most attempts are still in flight, and a pace measured over a few would be
-far too low); never below MIN_PACE. A slow-down in a row takes its pace from what was accepted since
-MEASURE_SECONDS before the last pause began, from as few as one: without a pace every executor claims its whole
-concurrency again when a pause ends, the provider refuses the first of those before the ones it accepted have
-ended, and the pause doubled to minutes with the backlog waiting. Only a provider that accepted nothing over that
-span keeps the pause alone. From there the pace climbs in RETURN_SECONDS to LEVEL of where it was slowed down
-(`pace * LEVELLED`, LEVELLED = LEVEL / DECREASE), levels off there, then rises above it ever faster (a cubic of the
-time since it was lowered, to at most twice itself and one more), so it finds the provider's limit again:
-multiplicative decrease, and an increase whose cycle lasts about as long at any pace. The level is below the pace
-that was refused: a provider whose bucket the last refusals emptied refills it only by what the pace leaves unused,
-and at the refused pace itself it would stay empty, refusing any two attempts that reach it closer together than
-its rate (a connection, a notice's query: their times vary). A rise by a fixed number of attempts a second, a
-second, would overrun a slow provider within a second or two of each slow-down (a cycle accepts about L^2 / 5
-attempts at a limit of L a second with 0.5 a second, a second: the refusals grow as the limit falls), and one by a
-share of the pace would take minutes to climb from a pace measured too low. A pace at its ceiling whose tokens the
-executors use up (they keep up with it, and the provider still accepts) starts its curve again from there,
-levelled: a pace measured far too low grows 1.9 times every 2.6 * RETURN_SECONDS. A pace neither lowered nor
-restarted for PACE_HOLD_SECONDS is over; the destination is open again. With a configured rate the lower of the two
-holds.
+Pace. A slow-down that finds its destination not paused, and its pace not lowered in the last SETTLE_SECONDS (or two
+tokens of it, when longer: the attempts sent at the pace before are still being answered), lowers the pace to DECREASE
+of what it was: the pace then, else its configured rate, and no more than what the provider accepted. A provider
+refuses when its bucket is empty, so what it accepted of the attempts sent (fenced) since its last refusal that paused
+the destination (`slowed_at`) is what it refilled since, its rate: that is the measure when that refusal came within
+MEASURE_SECONDS, over the seconds since it when at least MEASURE_FLOOR_SECONDS (a shorter span, its answers mostly
+still in flight, measures nothing). A count of everything it accepted lately would include the burst it had saved up
+before, and set the first pace after a cold start at twice its limit and more, which the next seconds of refusals then
+had to bring down. Without a recent refusal the measure is the attempts sent in the last MEASURE_SECONDS that it
+accepted, a second since the first was sent (over at least MEASURE_FLOOR_SECONDS), when at least MIN_ACCEPTED. A pace
+that had risen far above the limit comes down to it at once instead of by a tenth at a time; with no measure and no
+pace, the pause alone (at a cold start most attempts are still in flight). A slow-down in a row takes its pace from
+what was accepted of the attempts sent since the last pause began, from as few as one: without a pace every executor
+claims its whole concurrency again when a pause ends, the provider refuses the first of those before the ones it
+accepted have ended, and the pause doubled to minutes with the backlog waiting. Only a provider that accepted nothing
+sent since then keeps the pause alone. From there the pace climbs in RETURN_SECONDS to LEVEL of where it was slowed
+down (`pace * LEVELLED`, LEVELLED = LEVEL / DECREASE), levels off there, then rises above it ever faster (a cubic of
+the time since it was lowered, to at most twice itself and one more), so it finds the provider's limit again:
+multiplicative decrease, and an increase whose cycle lasts about as long at any pace. The level is below the pace that
+was refused: a provider whose bucket the last refusals emptied refills it only by what the pace leaves unused, and at
+the refused pace itself it would stay empty, refusing any two attempts that reach it closer together than its rate (a
+connection, a notice's query: their times vary). A rise by a fixed number of attempts a second, a second, would
+overrun a slow provider within a second or two of each slow-down (a cycle accepts about L^2 / 5 attempts at a limit of
+L a second with 0.5 a second, a second: the refusals grow as the limit falls), and one by a share of the pace would
+take minutes to climb from a pace measured too low. A pace at its ceiling whose tokens the executors use up (they keep
+up with it, and the provider still accepts) starts its curve again from there, levelled: a pace measured far too low
+grows 1.9 times every 2.6 * RETURN_SECONDS. A pace neither lowered nor restarted for PACE_HOLD_SECONDS is over; the
+destination is open again. With a configured rate the lower of the two holds.
 
-Turns. The claim takes a paced destination's heads as its token bucket allows, which bounds what is in flight;
-the attempts then reach the provider at their own speed (a notice's query, a connection), and on a busy
-machine those claimed in one second could reach it in the next together with that second's own. So each
-attempt of a held destination takes a token of a second bucket just before its fence, as full and as fast as
-the first, and waits for its turn when there is none: the provider sees at most the rate and the burst in
-any second. An attempt whose turn, or its destination's pause, is more than GATE_WAIT_SECONDS away waits no
-longer and takes no turn: it ends Defer (it does not count) and its lane's head is due when the wait is over.
-(A turn taken and never used would push every later one further off, until none came within GATE_WAIT_SECONDS
-and the destination sent nothing: seen once at 5 a second, 687 emails waiting and none sent for three minutes.)
+Turns. The claim takes a paced destination's heads as its token bucket allows, which bounds what is in flight; the
+attempts then reach the provider at their own speed (a notice's query, a connection), and on a busy machine those
+claimed in one second could reach it in the next together with that second's own. So each attempt of a held
+destination takes a token of a second bucket just before its fence, as full and as fast as the first, and waits
+for its turn when there is none: the provider sees at most the rate and the burst in any second. An attempt whose
+turn, or its destination's pause, is more than GATE_WAIT_SECONDS away waits no longer and takes no turn: it ends
+Defer (it does not count) and its lane's head is due when the wait is over. (A turn taken and never used would
+push every later one further off, until none came within GATE_WAIT_SECONDS and the destination sent nothing: seen
+once at 5 a second, 687 emails waiting and none sent for three minutes.) A provider's pause voids every turn given
+before it (the bucket starts again from empty): an attempt that waited for its turn reads `slowed_at` before its
+fence and, if the provider paused the destination meanwhile, takes a turn again; the turns given at a pace the
+provider refused would otherwise reach it one after another at that pace, each refused, for as long as the queue
+at the gate was (seconds, at a cold start).
 
 Breaker. An executor that saw only failed attempts (a Retry: refused, reset, 5xx, no answer) to a destination
 for `ExecutorConfig.break_seconds` (30 s), at least BREAK_FAILURES of them, marks it broken: no executor

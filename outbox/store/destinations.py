@@ -8,6 +8,7 @@ rates the executors set, and the operator's view and commands.
                      CLAIM_DESTINATION_HEADS claims for one held destination: as many heads as its tokens,
                      one probe of a broken one at its probe time, none while it is paused
     before a fence ─▶ TAKE_SEND_TOKEN                        (an attempt of a held destination: its turn)
+                   ─▶ SLOWED_AT, after waiting for the turn     (a provider's pause since voids it)
     slow-down     ─▶ ADD_DESTINATION, SLOW_DOWN              (pause; lower the pace)
     breaker       ─▶ ADD_DESTINATION, BREAK; MEND            (broken since; a probe that succeeded)
     operator      ─▶ ADD_DESTINATION, PAUSE, RESUME (the list: outbox.store.destination_rows)
@@ -142,8 +143,9 @@ SELECT c.*,
 # the time until the attempt's turn (0: now); but a turn more than `:gate_wait` seconds away is not taken (the
 # attempt does not wait for it: it ends Defer, and a token it never uses would push every later turn further
 # off, until no attempt's turn came within `:gate_wait` and the destination sent nothing). The bucket refills at
-# the rate or the pace, whichever is lower, and holds as much as the claim's; it starts full. An open
-# destination (no rate, no pace) never waits.
+# the rate or the pace, whichever is lower, and holds as much as the claim's; it starts full, and again from empty
+# at each pause a provider asks for (`slowed_at`, returned with the turn: the turns given before it are void). An
+# open destination (no rate, no pace) never waits.
 TAKE_SEND_TOKEN = text(f"""
 WITH found AS MATERIALIZED (
     SELECT d.name, coalesce(d.paused_until > now(), false) AS paused, d.paused_until, d.burst, d.send_tokens,
@@ -180,15 +182,18 @@ SELECT {_EPOCH.format(t="slowed_at")} AS slowed_at FROM agent_destination WHERE 
 # A provider's slow-down (its row made first by ADD_DESTINATION). While a pause lasts, the slow-downs of the
 # attempts claimed before it change nothing but for a longer wait the provider names. Otherwise, unless the pace
 # was lowered less than `:settle` seconds (or two of its tokens) ago, the pace is lowered to `:decrease` of what
-# it was (the pace now, else the configured rate; no more than what the provider accepted: the attempts it
-# accepted a second since the first it accepted in the last `:measure` seconds, over at least `:measure_floor`
-# seconds, when at least `:min_accepted`; with no pace or rate, that alone, or no pace:
-# the pause alone; for a slow-down in a row, the pace now, else the rate, else what it accepted from `:measure`
-# seconds before the last pause began, when at least one), never below `:min_pace`, and both its token buckets
-# are emptied (the turns already given stay given); and the pause is the provider's wait, or else one token of
-# the pace, at least `:min_pause` (no pace: `:base` seconds), doubling with each slow-down in a row (one after
-# the last pause ended, within twice its length, with nothing accepted since), at most `:cap`. An operator's
-# pause stays the operator's.
+# it was (the pace now, else the configured rate; no more than what the provider accepted, from as few as
+# `:min_accepted`: of the attempts sent since its last pausing refusal (`slowed_at`: its bucket was empty then),
+# when that came within `:measure` seconds, a second over the time since, when at least `:measure_floor`; else of
+# those sent in the last `:measure` seconds, a second since the first was sent, over at least `:measure_floor`;
+# with no pace or rate, that alone, or no pace: the pause alone; for a slow-down in a row, the pace now, else the
+# rate, else what it accepted of the attempts sent since the last pause began, from as few as one), never below
+# `:min_pace`, and the claim's token bucket is emptied. A slow-down that pauses the destination sets `slowed_at`
+# and empties the send bucket: the turns given before it are void (an attempt that waited for one reads
+# `slowed_at` and takes another). The pause is the provider's wait, or else one token of the pace, at least
+# `:min_pause` (no pace: `:base` seconds), doubling with each slow-down in a row (one after the last pause ended,
+# within twice its length, with nothing accepted since), at most `:cap`. An operator's pause stays the
+# operator's.
 SLOW_DOWN = text(f"""
 WITH found AS MATERIALIZED (
     SELECT d.*, coalesce(d.paused_until > now(), false) AS paused,
