@@ -208,7 +208,8 @@ WITH found AS MATERIALIZED (
      WHERE d.name = :name FOR UPDATE OF d
 ), again AS MATERIALIZED (
     SELECT f.*, f.in_a_row AND NOT f.paused AS again,
-           coalesce(f.slowed_at > now() - make_interval(secs => :measure) OR f.in_a_row, false) AS from_empty
+           coalesce(f.slowed_at > now() - make_interval(secs => :measure) OR f.in_a_row, false)
+               AND f.slowed_at IS NOT NULL AS from_empty
       FROM found AS f
 ), since AS MATERIALIZED (
     SELECT g.*, CASE WHEN g.from_empty THEN g.slowed_at ELSE now() - make_interval(secs => :measure) END
@@ -217,7 +218,7 @@ WITH found AS MATERIALIZED (
 ), accepted AS MATERIALIZED (
     SELECT count(*) AS n, min(a.write_started_at) AS first FROM agent_action AS a, since AS g
      WHERE a.ended_at > g.measured_since AND a.destination = :name AND a.state = 'DONE'
-       AND a.write_started_at > g.measured_since
+       AND a.write_started_at > g.measured_since  -- sent since; ended since, too, which the index finds
 ), measured AS MATERIALIZED (
     SELECT g.*,
            CASE WHEN g.paused THEN g.slow_downs WHEN g.in_a_row THEN g.slow_downs + 1 ELSE 1 END AS streak,
