@@ -424,10 +424,11 @@ def test_a_slow_down_pauses_doubles_in_a_row_and_ignores_the_attempts_already_in
     assert (found.paused_by, found.slow_downs, found.pause_reason) == ("provider", 2, "mail: 454; slow down")
 
 
-def accepted_just_now(engine: Engine, n: int, sent_seconds_ago: float = 0.0) -> None:
-    """`n` actions of test_noop that its provider accepted just now (DONE, through the guard's moves), their
-    fences `sent_seconds_ago`."""
+def accepted_just_now(engine: Engine, n: int, sent_seconds_ago: float | list[float] = 0.0) -> None:
+    """`n` actions of test_noop that its provider accepted just now (DONE, through the guard's moves), sent
+    (their fences) `sent_seconds_ago`: for all, or for each in turn."""
     insert_due(engine, n)
+    agos = sent_seconds_ago if isinstance(sent_seconds_ago, list) else [sent_seconds_ago] * n
     with engine.begin() as conn:
         conn.execute(
             text(
@@ -436,8 +437,13 @@ def accepted_just_now(engine: Engine, n: int, sent_seconds_ago: float = 0.0) -> 
             )
         )
         conn.execute(
-            text("UPDATE agent_action SET write_started_at = now() - make_interval(secs => :ago)"),
-            {"ago": sent_seconds_ago},
+            text(
+                "UPDATE agent_action AS a SET write_started_at = now() - make_interval(secs => s.ago)"
+                " FROM (SELECT id, row_number() OVER (ORDER BY id) AS n FROM agent_action) AS r,"
+                " unnest(CAST(:agos AS float8[])) WITH ORDINALITY AS s (ago, n)"
+                " WHERE a.id = r.id AND r.n = s.n"
+            ),
+            {"agos": agos},
         )
         conn.execute(text("UPDATE agent_action SET state = 'DONE', stop_reason = 'CONFIRMED'"))
 
@@ -479,16 +485,21 @@ def test_a_slow_down_in_a_row_takes_a_pace_from_as_few_as_one_accepted(engine: E
     assert destination(engine).slow_downs == 2
 
 
-def test_a_slow_down_measures_what_the_provider_accepted_since_it_last_refused(engine: Engine) -> None:
-    """Forty accepted just now, sent before the provider's last refusal (half a second ago): its saved-up
-    bucket, not its rate. The slow-down counts only what was sent since that refusal: none, so the pace is
-    the one it had, lowered, and not 90 % of the forty's 80 a second (over the shortest span)."""
-    paced(engine, 10.0, RETURN_SECONDS)  # at its level: 10 * LEVELLED
-    accepted_just_now(engine, 40, sent_seconds_ago=1.0)
+def test_a_first_pace_measures_what_the_provider_accepted_since_it_last_refused(engine: Engine) -> None:
+    """No pace yet; the provider refused a second ago (its bucket empty then) and the pause is over. It accepted
+    forty sent before that refusal (its saved-up bucket, not its rate) and ten sent since: the first pace is
+    90 % of those ten over the second since the refusal, not of all fifty over the time since the first was
+    sent (30 a second)."""
     with engine.begin() as conn:
-        conn.execute(text("UPDATE agent_destination SET slowed_at = now() - interval '0.5 s'"))
+        conn.execute(
+            text(
+                "INSERT INTO agent_destination (name, kind, paused_until, paused_by, slow_downs, slowed_at)"
+                " VALUES ('test_noop', 'TEST_NOOP', now() - interval '0.5 s', 'provider', 1, now() - interval '1 s')"
+            )
+        )
+    accepted_just_now(engine, 50, [1.5] * 40 + [0.5] * 10)
     slowed = slow_down(engine)
-    assert slowed.pace == pytest.approx(DECREASE * 10 * LEVELLED, rel=0.02)
+    assert slowed.pace == pytest.approx(DECREASE * 10 / 1.0, rel=0.15)
 
 
 def paced(engine: Engine, pace: float, lowered_seconds_ago: float) -> None:

@@ -207,22 +207,26 @@ WITH found AS MATERIALIZED (
      ) AS l
      WHERE d.name = :name FOR UPDATE OF d
 ), again AS MATERIALIZED (
-    SELECT f.*, f.in_a_row AND NOT f.paused AS again,
-           coalesce(f.slowed_at > now() - make_interval(secs => :measure) OR f.in_a_row, false)
-               AND f.slowed_at IS NOT NULL AS from_empty
-      FROM found AS f
+    SELECT f.*, f.in_a_row AND NOT f.paused AS again, f.pace_now IS NULL AS first_pace FROM found AS f
 ), since AS MATERIALIZED (
     SELECT g.*, CASE WHEN g.from_empty THEN g.slowed_at ELSE now() - make_interval(secs => :measure) END
                 AS measured_since
-      FROM again AS g
+      FROM (SELECT g.*, g.first_pace AND g.slowed_at IS NOT NULL
+                        AND coalesce(g.slowed_at > now() - make_interval(secs => :measure) OR g.in_a_row, false)
+                        AS from_empty
+              FROM again AS g) AS g
 ), accepted AS MATERIALIZED (
-    SELECT count(*) AS n, min(a.write_started_at) AS first FROM agent_action AS a, since AS g
+    SELECT count(*) AS n, min(a.write_started_at) AS first_sent, min(a.ended_at) AS first_ended
+      FROM agent_action AS a, since AS g
      WHERE a.ended_at > g.measured_since AND a.destination = :name AND a.state = 'DONE'
-       AND a.write_started_at > g.measured_since  -- sent since; ended since, too, which the index finds
+       AND (a.write_started_at > g.measured_since OR NOT g.first_pace)
 ), measured AS MATERIALIZED (
     SELECT g.*,
            CASE WHEN g.paused THEN g.slow_downs WHEN g.in_a_row THEN g.slow_downs + 1 ELSE 1 END AS streak,
-           (SELECT CASE WHEN NOT g.from_empty THEN a.n / greatest(:measure_floor, extract(epoch FROM now() - a.first))
+           (SELECT CASE WHEN NOT g.from_empty
+                        THEN a.n / greatest(:measure_floor, extract(epoch FROM now() - CASE WHEN g.first_pace
+                                                                                            THEN a.first_sent
+                                                                                            ELSE a.first_ended END))
                         WHEN now() - g.measured_since >= make_interval(secs => :measure_floor)
                         THEN a.n / extract(epoch FROM now() - g.measured_since) END
               FROM accepted AS a
