@@ -183,11 +183,12 @@ SELECT {_EPOCH.format(t="slowed_at")} AS slowed_at FROM agent_destination WHERE 
 # attempts claimed before it change nothing but for a longer wait the provider names. Otherwise, unless the pace
 # was lowered less than `:settle` seconds (or two of its tokens) ago, the pace is lowered to `:decrease` of what
 # it was (the pace now, else the configured rate; no more than what the provider accepted, from as few as
-# `:min_accepted`: of the attempts sent since its last pausing refusal (`slowed_at`: its bucket was empty then),
-# when that came within `:measure` seconds, a second over the time since, when at least `:measure_floor`; else of
-# those sent in the last `:measure` seconds, a second since the first was sent, over at least `:measure_floor`;
-# with no pace or rate, that alone, or no pace: the pause alone; for a slow-down in a row, the pace now, else the
-# rate, else what it accepted of the attempts sent since the last pause began, from as few as one), never below
+# `:min_accepted`: the attempts that ended accepted in the last `:measure` seconds, a second since the first ended,
+# over at least `:measure_floor`; for a first pace (none yet) only those sent since its last pausing refusal
+# (`slowed_at`: its bucket was empty then) when that came within `:measure` seconds, a second over the time since
+# when at least `:measure_floor`, else those sent in the last `:measure` seconds, a second since the first was
+# sent; with no pace or rate, that alone, or no pace: the pause alone; for a slow-down in a row, the pace now, else
+# the rate, else what it accepted of the attempts sent since the last pause began, from as few as one), never below
 # `:min_pace`, and the claim's token bucket is emptied. A slow-down that pauses the destination sets `slowed_at`
 # and empties the send bucket: the turns given before it are void (an attempt that waited for one reads
 # `slowed_at` and takes another). The pause is the provider's wait, or else one token of the pace, at least
