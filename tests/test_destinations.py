@@ -390,6 +390,41 @@ async def test_an_attempt_whose_destination_paused_after_its_claim_defers_uncoun
     assert "paused" in rows[1].last_error, rows[1].last_error
 
 
+async def test_an_executor_holds_a_destination_that_another_paused_as_soon_as_it_hears_of_it(
+    engine: Engine, aengine: AsyncEngine
+) -> None:
+    """Two executors, one attempt in flight each; the provider refuses one of them with a wait of a minute.
+    The other executor's next sweep is a minute away, but it hears of the pause (the slow-down's NOTIFY) and
+    holds the destination at once: its attempt, which reaches its fence after that, is not sent, and neither
+    attempt counts. (Without it, every executor's whole concurrency reached a provider that had started to
+    refuse, until each saw a refusal of its own or swept.)"""
+    insert_due(engine, 2)
+    with engine.connect() as conn:
+        first = conn.execute(text("SELECT min(id) FROM agent_action")).scalar_one()
+    config = ExecutorConfig(concurrency=1, sweep_seconds=60.0)
+    executors: list[Executor] = []
+
+    def adapter(n: int) -> ScriptedAdapter:
+        async def behaviour(attempt: ActionAttempt) -> Result:
+            if attempt.action.id == first:
+                return SlowDown(60.0, "429; Retry-After 60", named=True)
+            held = executors[n]._destinations  # this attempt's own executor
+            await asyncio.to_thread(until, lambda: held.some_held, 30, "the other executor's pause, heard")
+            await attempt.fence().begin_write()
+            raise AssertionError("the fence of a paused destination's attempt was granted")
+
+        return ScriptedAdapter(kinds.NOOP, behaviour)
+
+    executors += [Executor(aengine, [adapter(n)], config) for n in range(2)]
+    await asyncio.gather(*(executor.run(until_idle=True) for executor in executors))
+    with engine.connect() as conn:
+        rows = conn.execute(
+            text("SELECT state, attempt, write_started_at, last_error FROM agent_action ORDER BY id")
+        ).all()
+    assert [(r.state, r.attempt, r.write_started_at) for r in rows] == [("ADMITTED", 0, None)] * 2, rows
+    assert "paused" in rows[1].last_error, rows[1].last_error
+
+
 # -- a slow-down -------------------------------------------------------------------------------------------
 
 

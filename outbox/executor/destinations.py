@@ -2,6 +2,7 @@
 
     start ──adapters' `rates`──▶ ExecutorStore.set_rates                  (agent_destination.rate, burst)
     sweep ──▶ refresh: the held destinations (paused, broken, paced, rated) of this executor's kinds
+    NOTIFY ──▶ heard_paused: another executor's slow-down paused one of them: held at once
     claim ──▶ the plain claim skips every held destination (in its own statement); while one is held, it
               finds the heads destination by destination, so the held one's backlog costs it nothing
           ──▶ claim(): for each held destination whose time has come, CLAIM_DESTINATION_HEADS ─▶ the
@@ -95,6 +96,13 @@ class Destinations:
         self._held = {name: broken for name, kind, broken in rows if kind in served}
         for name in [name for name in self._paused if name not in self._held]:
             self._change(name, self._paused.pop(name), "resumed", "its pause ended")
+
+    def heard_paused(self, payload: str, kinds: Iterable[str]) -> None:
+        """Another executor's slow-down paused a destination (outbox.store.destinations.PAUSED_CHANNEL's
+        payload, "KIND name"): held here at once when its kind is one of `kinds`."""
+        kind, _, name = payload.partition(" ")
+        if name and kind in kinds:
+            self._held.setdefault(name, False)
 
     @property
     def some_held(self) -> bool:

@@ -69,6 +69,7 @@ from outbox.faults import own_database_fault
 from outbox.kinds import ActionKind
 from outbox.states import ActionState, StopReason
 from outbox.store import application as store
+from outbox.store.destinations import PAUSED_CHANNEL
 
 log = logging.getLogger("outbox.executor")
 
@@ -145,7 +146,7 @@ class Executor:
         self._committer.start()
         if self._stopping:
             self._committer.refuse_fences = _STOPPING
-        listener = asyncio.create_task(self._listen_for_enqueues()) if self._listen else None
+        listener = asyncio.create_task(self._listen_for_notifications()) if self._listen else None
         deadline = loop.time() + max_seconds if max_seconds is not None else math.inf
         budget = max_actions if max_actions is not None else math.inf
         next_sweep = 0.0
@@ -268,8 +269,10 @@ class Executor:
             log.warning("database unavailable, trying again: %s", fault_text(error))
             return None
 
-    async def _listen_for_enqueues(self) -> None:
-        """Wake on NOTIFY from an enqueue's commit; on any failure, reconnect (polling covers the gap).
+    async def _listen_for_notifications(self) -> None:
+        """Wake on NOTIFY from an enqueue's commit, and hold a destination another executor's slow-down
+        paused (its attempts in flight here then wait for the pause; else only from the next sweep); on any
+        failure, reconnect (polling and the sweeps cover the gap).
 
         A connection that heard nothing for LISTEN_CHECK_SECONDS is asked for a `SELECT 1`: a network that
         dropped it without a word (a proxy or pooler still acknowledging) would otherwise leave the listener
@@ -287,9 +290,12 @@ class Executor:
                         )
                         return
                     await conn.execute(f"LISTEN {store.NOTIFY_CHANNEL}")
+                    await conn.execute(f"LISTEN {PAUSED_CHANNEL}")
                     while True:
-                        async for _ in conn.notifies(timeout=LISTEN_CHECK_SECONDS):
-                            if self._wake is not None:
+                        async for heard in conn.notifies(timeout=LISTEN_CHECK_SECONDS):
+                            if heard.channel == PAUSED_CHANNEL:
+                                self._destinations.heard_paused(heard.payload, self._kinds)
+                            elif self._wake is not None:
                                 self._wake.set()
                         async with asyncio.timeout(CALL_SECONDS):
                             await conn.execute("SELECT 1")

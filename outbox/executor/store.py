@@ -252,6 +252,8 @@ class ExecutorStore:
             await _fetch(conn, destinations.ADD_DESTINATION, {"name": name, "kind": kind})
             params = {"name": name, "after": after, "reason": reason, **pacing}
             row = (await _fetch(conn, destinations.SLOW_DOWN, params))[0]
+            if row.newly_paused:  # after the pause committed (autocommit): whoever hears it finds it paused
+                await _fetch(conn, destinations.NOTIFY_PAUSED, {"kind": kind, "name": name})
             return SlowedDown(row.pause_seconds, row.pace, row.newly_paused)
 
         return await self._bounded(write)

@@ -10,6 +10,7 @@ rates the executors set, and the operator's view and commands.
     before a fence ─▶ TAKE_SEND_TOKEN                        (an attempt of a held destination: its turn)
                    ─▶ SLOWED_AT, after waiting for the turn     (a provider's pause since voids it)
     slow-down     ─▶ ADD_DESTINATION, SLOW_DOWN              (pause; lower the pace)
+                  ─▶ NOTIFY_PAUSED, when it paused the destination (every executor holds it at once)
     breaker       ─▶ ADD_DESTINATION, BREAK; MEND            (broken since; a probe that succeeded)
     operator      ─▶ ADD_DESTINATION, PAUSE, RESUME (the list: outbox.store.destination_rows)
     testing.drain ─▶ END_PROVIDER_PAUSES
@@ -266,6 +267,12 @@ UPDATE agent_destination AS d
  WHERE d.name = c.name
 RETURNING {_SECONDS_UNTIL.format(t="d.paused_until")}::float8 AS pause_seconds, d.pace, NOT c.paused AS newly_paused
 """)
+
+# The channel on which a slow-down that paused a destination tells every listening executor (payload: the
+# destination's kind and name, a space between): they hold it at once instead of at their next sweep, so the
+# attempts they have in flight ask for their turns, which wait for the pause
+PAUSED_CHANNEL = "outbox_destination_paused"
+NOTIFY_PAUSED = text(f"SELECT pg_notify('{PAUSED_CHANNEL}', :kind || ' ' || :name) IS NULL AS sent")
 
 # Every attempt failed for the breaker's window: the destination is broken; its first probe comes
 # `:probe_seconds` later. `newly`: it was not broken before.
