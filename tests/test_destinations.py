@@ -488,15 +488,25 @@ def slow_down(engine: Engine) -> Any:
     return run(with_store(engine, lambda s: s.slow_down("test_noop", "TEST_NOOP", None, "421", SLOW_DOWN)))
 
 
-@pytest.mark.parametrize(("accepted", "pace"), [(40, 0.9 * 40 / MEASURE_FLOOR_SECONDS), (MIN_ACCEPTED - 1, None)])
-def test_a_slow_down_lowers_the_pace_from_what_the_provider_accepted(
-    engine: Engine, accepted: int, pace: float | None
-) -> None:
-    """Accepted at once, just now: a rate measured over the shortest span (0.5 s), lowered to 90 %; fewer than
-    MIN_ACCEPTED: no pace (a cold start, whose attempts are mostly still in flight), the pause alone."""
+@pytest.mark.parametrize(
+    ("accepted", "pace"), [(40, DECREASE * 40 / MEASURE_FLOOR_SECONDS), (MIN_ACCEPTED - 1, DECREASE * 100 * LEVELLED)]
+)
+def test_a_slow_down_lowers_the_pace_to_what_the_provider_accepted(engine: Engine, accepted: int, pace: float) -> None:
+    """A pace of 100 a second, at its level; the provider accepted `accepted` at once, just now: a rate measured
+    over the shortest span (0.5 s), and the pace comes down to 90 % of that; fewer than MIN_ACCEPTED measure
+    nothing, and it comes down to 90 % of itself."""
+    paced(engine, 100.0, RETURN_SECONDS)
     accepted_just_now(engine, accepted)
+    assert slow_down(engine).pace == pytest.approx(pace, rel=0.02)
+
+
+def test_the_first_slow_down_pauses_alone(engine: Engine) -> None:
+    """The first refusal a destination ever met, forty accepted just before it: all a measure could count is
+    the burst the provider had saved up (its bucket was full at the start), which once set first paces of
+    twice its limit and more. No pace: the pause alone, and the next slow-down measures from this one."""
+    accepted_just_now(engine, 40)
     slowed = slow_down(engine)
-    assert slowed.pace == (pytest.approx(pace) if pace is not None else None)
+    assert slowed.newly_paused and slowed.pace is None
 
 
 def test_a_slow_down_in_a_row_takes_a_pace_from_as_few_as_one_accepted(engine: Engine) -> None:
