@@ -500,13 +500,25 @@ def test_a_slow_down_lowers_the_pace_to_what_the_provider_accepted(engine: Engin
     assert slow_down(engine).pace == pytest.approx(pace, rel=0.02)
 
 
-def test_the_first_slow_down_pauses_alone(engine: Engine) -> None:
-    """The first refusal a destination ever met, forty accepted just before it: all a measure could count is
-    the burst the provider had saved up (its bucket was full at the start), which once set first paces of
-    twice its limit and more. No pace: the pause alone, and the next slow-down measures from this one."""
-    accepted_just_now(engine, 40)
+def test_a_first_pace_with_too_few_sent_since_the_refusal_measures_the_last_seconds(engine: Engine) -> None:
+    """A slow-down in a row, 1.4 s after the refusal that paused the destination: one email sent since was
+    accepted (the executors waited the pause, and the provider's refill went to the attempts already in
+    flight), twenty sent before it. One over 1.4 s would be a pace of 0.64 a second against a provider that
+    takes twenty, and the backlog would crawl for a minute while it climbed: too few to measure from the
+    refusal, so the first pace is what was sent in the last seconds and accepted."""
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO agent_destination (name, kind, paused_until, paused_by, slow_downs, slowed_at)"
+                " VALUES ('test_noop', 'TEST_NOOP', now(), 'provider', 1, now() - interval '1.4 s')"
+            )
+        )
+    accepted_just_now(engine, 21, [1.5] * 20 + [0.2])
+    with engine.begin() as conn:  # they ended before the pause did: the slow-down is in a row
+        conn.execute(text("UPDATE agent_destination SET paused_until = now()"))
     slowed = slow_down(engine)
-    assert slowed.newly_paused and slowed.pace is None
+    assert destination(engine).slow_downs == 2
+    assert slowed.pace == pytest.approx(DECREASE * 21 / 1.5, rel=0.15)
 
 
 def test_a_slow_down_in_a_row_takes_a_pace_from_as_few_as_one_accepted(engine: Engine) -> None:

@@ -185,16 +185,16 @@ SELECT {_EPOCH.format(t="slowed_at")} AS slowed_at FROM agent_destination WHERE 
 # lowered less than `:settle` seconds (or two of its tokens) ago, the pace is lowered to `:decrease` of what it was
 # (the pace now, else the configured rate; no more than what the provider accepted, from as few as `:min_accepted`:
 # the attempts that ended accepted in the last `:measure` seconds, a second since the first ended, over at least
-# `:measure_floor`; for a first pace (none yet) only those sent since its last pausing refusal (`slowed_at`: its
-# bucket was empty then), a second over the time since, when that refusal came within `:measure` seconds and at
-# least `:measure_floor` ago, else nothing; with no pace or rate, that alone, or no pace: the pause alone; for a
-# slow-down in a row, the pace now, else the rate, else what it accepted of the attempts sent since the last pause
-# began, from as few as one), never below `:min_pace`, and the claim's token bucket is emptied. A slow-down that
-# pauses the destination sets `slowed_at` and empties the send bucket: the turns given before it are void (an
-# attempt that waited for one reads `slowed_at` and takes another). The pause is the provider's wait, or else one
-# token of the pace, at least `:min_pause` (no pace: `:base` seconds), doubling with each slow-down in a row (one
-# after the last pause ended, within twice its length, with nothing accepted since), at most `:cap`. An operator's
-# pause stays the operator's.
+# `:measure_floor`; for a first pace (none yet), those sent since its last pausing refusal (`slowed_at`: its bucket
+# was empty then), a second over the time since, when that refusal came within `:measure` seconds (or in a row) and
+# at least `:measure_floor` ago and at least `:min_accepted` were, else those sent in the last `:measure` seconds, a
+# second since the first was sent (in a row, from as few as one); with no pace or rate, that alone, or no pace: the
+# pause alone; for a slow-down in a row, the pace now, else the rate, else what it accepted, measured so), never
+# below `:min_pace`, and the claim's token bucket is emptied. A slow-down that pauses the destination sets
+# `slowed_at` and empties the send bucket: the turns given before it are void (an attempt that waited for one reads
+# `slowed_at` and takes another). The pause is the provider's wait, or else one token of the pace, at least
+# `:min_pause` (no pace: `:base` seconds), doubling with each slow-down in a row (one after the last pause ended,
+# within twice its length, with nothing accepted since), at most `:cap`. An operator's pause stays the operator's.
 SLOW_DOWN = text(f"""
 WITH found AS MATERIALIZED (
     SELECT d.*, coalesce(d.paused_until > now(), false) AS paused,
@@ -208,24 +208,35 @@ WITH found AS MATERIALIZED (
      ) AS l
      WHERE d.name = :name FOR UPDATE OF d
 ), again AS MATERIALIZED (
-    SELECT f.*, f.in_a_row AND NOT f.paused AS again, f.pace_now IS NULL AS first_pace FROM found AS f
+    SELECT f.*, f.in_a_row AND NOT f.paused AS again, f.pace_now IS NULL AS first_pace,
+           coalesce(f.slowed_at > now() - make_interval(secs => :measure) OR f.in_a_row, false) AS from_refusal
+      FROM found AS f
 ), since AS MATERIALIZED (
-    SELECT g.*, CASE WHEN g.first_pace THEN g.slowed_at ELSE now() - make_interval(secs => :measure) END
-                AS measured_since
+    SELECT g.*, now() - make_interval(secs => :measure) AS measured_since,
+           least(now() - make_interval(secs => :measure), CASE WHEN g.from_refusal THEN g.slowed_at END) AS read_since
       FROM again AS g
 ), accepted AS MATERIALIZED (
-    SELECT count(*) AS n, min(a.ended_at) AS first FROM agent_action AS a, since AS g
-     WHERE a.ended_at > g.measured_since AND a.destination = :name AND a.state = 'DONE'
-       AND (a.write_started_at > g.measured_since OR NOT g.first_pace)
+    SELECT count(*) FILTER (WHERE a.ended_at > g.measured_since) AS n,
+           min(a.ended_at) FILTER (WHERE a.ended_at > g.measured_since) AS first_ended,
+           count(*) FILTER (WHERE a.write_started_at > g.measured_since) AS sent,
+           min(a.write_started_at) FILTER (WHERE a.write_started_at > g.measured_since) AS first_sent,
+           count(*) FILTER (WHERE g.from_refusal AND a.write_started_at > g.slowed_at) AS sent_since_refusal
+      FROM agent_action AS a, since AS g
+     WHERE a.ended_at > g.read_since AND a.destination = :name AND a.state = 'DONE'
 ), measured AS MATERIALIZED (
     SELECT g.*,
            CASE WHEN g.paused THEN g.slow_downs WHEN g.in_a_row THEN g.slow_downs + 1 ELSE 1 END AS streak,
-           (SELECT CASE WHEN NOT g.first_pace THEN a.n / greatest(:measure_floor, extract(epoch FROM now() - a.first))
-                        WHEN (g.slowed_at > now() - make_interval(secs => :measure) OR g.in_a_row)
-                             AND now() - g.slowed_at >= make_interval(secs => :measure_floor)
-                        THEN a.n / extract(epoch FROM now() - g.slowed_at) END
-              FROM accepted AS a
-             WHERE a.n >= CASE WHEN g.again THEN 1 ELSE :min_accepted END) AS accepted_pace
+           (SELECT CASE WHEN NOT g.first_pace
+                        THEN CASE WHEN a.n >= :min_accepted
+                                  THEN a.n / greatest(:measure_floor, extract(epoch FROM now() - a.first_ended)) END
+                        ELSE coalesce(
+                            CASE WHEN a.sent_since_refusal >= :min_accepted
+                                      AND now() - g.slowed_at >= make_interval(secs => :measure_floor)
+                                 THEN a.sent_since_refusal / extract(epoch FROM now() - g.slowed_at) END,
+                            CASE WHEN a.sent >= CASE WHEN g.again THEN 1 ELSE :min_accepted END
+                                 THEN a.sent / greatest(:measure_floor, extract(epoch FROM now() - a.first_sent)) END)
+                   END
+              FROM accepted AS a) AS accepted_pace
       FROM since AS g
 ), lowered AS MATERIALIZED (
     SELECT m.*, CASE WHEN m.again THEN coalesce(m.pace_now, m.rate, m.accepted_pace)
