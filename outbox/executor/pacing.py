@@ -19,29 +19,29 @@ that refusal came within MEASURE_SECONDS (or the slow-down is in a row), at leas
 least MIN_ACCEPTED were: a provider refuses when its bucket is empty, so what it accepts of the attempts sent after a
 refusal is its rate, where a count of everything it accepted after a cold start includes the burst it had saved up and
 set first paces of twice its limit and more. Else it counts what was sent in the last MEASURE_SECONDS and accepted, a
-second since the first was sent (the executors' own pause, and the attempts already in flight taking what the provider
-refills, can leave one or two sent since the refusal accepted: a pace of a fraction of the limit, measured so, once
-kept a backlog crawling for a minute). (Once paced, the executors pause every fraction of a second while the provider
-refuses, each pause moves `slowed_at`, and too little is sent between them to measure the rate: there the last
-seconds' measure is the better one, the provider's bucket being near empty.) A pace that had risen far above the limit
-comes down to it at once instead of by a tenth at a time; with no measure and no pace, the pause alone (at a cold
-start most attempts are still in flight). A slow-down in a row without a pace takes its first pace from what was
-accepted of the attempts sent since the last pause began, from as few as one: without a pace every executor claims its
-whole concurrency again when a pause ends, the provider refuses the first of those before the ones it accepted have
-ended, and the pause doubled to minutes with the backlog waiting. Only a provider that accepted nothing sent since
-then keeps the pause alone. From there the pace climbs in RETURN_SECONDS to LEVEL of where it was slowed down (`pace *
-LEVELLED`, LEVELLED = LEVEL / DECREASE), levels off there, then rises above it ever faster (a cubic of the time since
-it was lowered, to at most twice itself and one more), so it finds the provider's limit again: multiplicative
-decrease, and an increase whose cycle lasts about as long at any pace. The level is below the pace that was refused: a
-provider whose bucket the last refusals emptied refills it only by what the pace leaves unused, and at the refused
-pace itself it would stay empty, refusing any two attempts that reach it closer together than its rate (a connection,
-a notice's query: their times vary). A rise by a fixed number of attempts a second, a second, would overrun a slow
-provider within a second or two of each slow-down (a cycle accepts about L^2 / 5 attempts at a limit of L a second
-with 0.5 a second, a second: the refusals grow as the limit falls), and one by a share of the pace would take minutes
-to climb from a pace measured too low. A pace at its ceiling whose tokens the executors use up (they keep up with it,
-and the provider still accepts) starts its curve again from there, levelled: a pace measured far too low grows 1.9
-times every 2.6 * RETURN_SECONDS. A pace neither lowered nor restarted for PACE_HOLD_SECONDS is over; the destination
-is open again. With a configured rate the lower of the two holds.
+second since the first was sent, when at least MIN_ACCEPTED (the executors' own pause, and the attempts already in
+flight taking what the provider refills, can leave one or two sent since the refusal accepted: a pace of a fraction of
+the limit, measured so, once kept a backlog crawling for a minute). (Once paced, the executors pause every fraction of
+a second while the provider refuses, each pause moves `slowed_at`, and too little is sent between them to measure the
+rate: there the last seconds' measure is the better one, the provider's bucket being near empty.) A pace that had
+risen far above the limit comes down to it at once instead of by a tenth at a time; with no measure and no pace, the
+pause alone (at a cold start most attempts are still in flight). A slow-down in a row without a pace takes that
+measure of the last seconds from as few as one: without a pace every executor claims its whole concurrency again when
+a pause ends, the provider refuses the first of those before the ones it accepted have ended, and the pause doubled to
+minutes with the backlog waiting. Only a provider that accepted nothing sent in those seconds keeps the pause alone.
+From there the pace climbs in RETURN_SECONDS to LEVEL of where it was slowed down (`pace * LEVELLED`, LEVELLED = LEVEL
+/ DECREASE), levels off there, then rises above it ever faster (a cubic of the time since it was lowered, to at most
+twice itself and one more), so it finds the provider's limit again: multiplicative decrease, and an increase whose
+cycle lasts about as long at any pace. The level is below the pace that was refused: a provider whose bucket the last
+refusals emptied refills it only by what the pace leaves unused, and at the refused pace itself it would stay empty,
+refusing any two attempts that reach it closer together than its rate (a connection, a notice's query: their times
+vary). A rise by a fixed number of attempts a second, a second, would overrun a slow provider within a second or two
+of each slow-down (a cycle accepts about L^2 / 5 attempts at a limit of L a second with 0.5 a second, a second: the
+refusals grow as the limit falls), and one by a share of the pace would take minutes to climb from a pace measured too
+low. A pace at its ceiling whose tokens the executors use up (they keep up with it, and the provider still accepts)
+starts its curve again from there, levelled: a pace measured far too low grows 1.9 times every 2.6 * RETURN_SECONDS. A
+pace neither lowered nor restarted for PACE_HOLD_SECONDS is over; the destination is open again. With a configured
+rate the lower of the two holds.
 
 Turns. The claim takes a paced destination's heads as its token bucket allows, which bounds what is in flight; the
 attempts then reach the provider at their own speed (a notice's query, a connection), and on a busy machine those
