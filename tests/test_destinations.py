@@ -404,9 +404,14 @@ async def test_an_executor_holds_a_destination_that_another_paused_as_soon_as_it
     config = ExecutorConfig(concurrency=1, sweep_seconds=60.0)
     executors: list[Executor] = []
 
+    def both_claimed() -> bool:  # else the later claim would skip the paused destination, and prove nothing
+        with engine.connect() as conn:
+            return conn.execute(text("SELECT count(*) FROM agent_action WHERE state = 'EXECUTING'")).scalar() == 2
+
     def adapter(n: int) -> ScriptedAdapter:
         async def behaviour(attempt: ActionAttempt) -> Result:
             if attempt.action.id == first:
+                await asyncio.to_thread(until, both_claimed, 30, "both actions claimed, one by each executor")
                 return SlowDown(60.0, "429; Retry-After 60", named=True)
             held = executors[n]._destinations  # this attempt's own executor
             await asyncio.to_thread(until, lambda: held.some_held, 30, "the other executor's pause, heard")

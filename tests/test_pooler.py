@@ -161,7 +161,7 @@ def test_the_executor_listens_on_the_listen_url(
         def listening() -> bool:
             # behind the pooler alone the executor never LISTENs: a LISTEN is on the direct connection
             with engine.connect() as conn:
-                query = "SELECT count(*) FROM pg_stat_activity WHERE query = 'LISTEN outbox_action'"
+                query = "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'LISTEN outbox%'"
                 return bool(conn.execute(text(query)).scalar_one())
 
         until(listening, timeout=30, what="the executor's LISTEN on the direct connection")
