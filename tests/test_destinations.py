@@ -528,10 +528,9 @@ def test_a_first_pace_with_too_few_sent_since_the_refusal_measures_the_last_seco
 
 def test_a_slow_down_in_a_row_takes_a_pace_from_as_few_as_one_accepted(engine: Engine) -> None:
     """Nothing accepted: the first slow-down pauses alone. The provider then accepts two of the attempts sent
-    after it (its bucket was empty at the refusal: what it accepts since is what it refilled), and the next
-    slow-down in a row (nothing accepted since the pause ended) takes its pace from those two over the time
-    since the first, so that the executors do not send their whole concurrency again after every pause while
-    it doubles."""
+    after it, and the next slow-down in a row (nothing accepted since the pause ended) takes its pace from
+    those two (too few to measure from the refusal: what was sent in the last seconds, from as few as one),
+    so that the executors do not send their whole concurrency again after every pause while it doubles."""
     assert slow_down(engine).pace is None
     accepted = 2
     accepted_just_now(engine, accepted)

@@ -1,8 +1,9 @@
 """When a destination's provider last paused it: the moment its bucket was empty.
 
     a provider's slow-down that pauses the destination ──▶ agent_destination.slowed_at = now()
-    the next slow-down ──▶ the pace it measures: the attempts sent since slowed_at that the provider accepted,
-        over the seconds since slowed_at
+    the next slow-down, while the destination has no pace ──▶ its first pace: the attempts sent since
+        slowed_at that the provider accepted, over the seconds since slowed_at (when at least 5)
+    an attempt that waited for its turn ──▶ slowed_at changed meanwhile: its turn is void, it takes another
 
 A provider refuses when its bucket is empty, so what it accepted of the attempts sent after a refusal is what
 it refilled since: its rate, not counting the burst it had saved up before (which a count of everything it
