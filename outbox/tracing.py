@@ -3,11 +3,19 @@ spans and on to the provider (docs/tracing.md).
 
     enqueue ──enqueue_context(): the active span's W3C traceparent (and tracestate)──▶ agent_action.trace_context
     claim ──attempt_span(): one span per attempt, named for the kind, a child of that context (else a root),
-            current while the adapter runs, linked to the span that was current in the executor (a drain run)
+            current while the adapter runs, linked to the span that was current in the executor (a drain run);
+            the application's sampler decides whether it records (a ParentBased one follows the stored flag)
               ├─ fence_event(): an event, granted or refused
-              └─ provider_call(): a child span around the provider call; the adapter sends its W3C headers on
-    result ──AttemptSpan.finish(): result, state, stop reason, the adapter's trace fields; UNCERTAIN and FAILED
-            set the span's status to error
+              └─ provider_call(): a child span around the provider call when the attempt's records (the
+                 webhook's `POST`, with the HTTP conventions: ProviderSpan.answered / failed); the adapter
+                 sends its W3C headers on, or the stored context's when nothing records
+    result ──AttemptSpan.finish(): result, why (the reason of every result but Done), state, stop reason, the
+            adapter's trace fields; UNCERTAIN and FAILED set the span's status to error
+    start ──described(): whether tracing is on, and the sampler, for the executor's start line
+
+Every attempt runs through here, so the spans are plain context-manager classes started with the SDK's
+`start_span` (no generator per span), the propagator is made once, and nothing is parsed twice:
+bench.otel_share measures outbox's share against the same spans written with the SDK directly.
 
 Only `opentelemetry-api` is used, and only when it is installed (`outbox[otel]`): without it nothing here
 imports it and every function does nothing. The SDK, its exporter and where spans go are the application's
@@ -22,14 +30,14 @@ from __future__ import annotations
 import json
 import logging
 import sys
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from functools import cache
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from opentelemetry.context import Context
     from opentelemetry.trace import Span, Tracer
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 log = logging.getLogger("outbox.tracing")
 
@@ -75,6 +83,20 @@ def sdk_configured() -> bool:
     return not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
 
 
+def described() -> str:
+    """Whether this process's attempts make spans, for an executor's start line: the sampler too, when the
+    tracer provider has one (the SDK's)."""
+    if not installed():
+        return "tracing off (no OpenTelemetry)"
+    if not sdk_configured():
+        return "tracing off (no tracer provider set; stored trace contexts still reach the providers)"
+    from opentelemetry import trace
+
+    sampler = getattr(trace.get_tracer_provider(), "sampler", None)
+    describe = getattr(sampler, "get_description", None)
+    return f"tracing on (sampler {describe()})" if callable(describe) else "tracing on"
+
+
 @cache
 def _tracer() -> Tracer:
     """outbox's tracer: the application's provider once it sets one (until then, and without one, a proxy)."""
@@ -84,69 +106,105 @@ def _tracer() -> Tracer:
 
 
 class AttemptSpan:
-    """One attempt's span; without OpenTelemetry, or with the API alone, it records nothing."""
+    """One attempt's span, current inside `with` (made by `attempt_span`); without OpenTelemetry, or with the
+    API alone, it records nothing. A plain class, not a generator: it is entered for every attempt."""
 
-    def __init__(self, span: Span | None) -> None:
-        self._span = span
+    __slots__ = ("_attributes", "_name", "_span", "_stored", "_token", "action_id")
+
+    def __init__(self, name: str, action_id: int, stored: object, attributes: Mapping[str, AttributeValue]) -> None:
+        self._name, self.action_id, self._stored, self._attributes = name, action_id, stored, attributes
+        self._span: Span | None = None
+        self._token: object = None
+
+    def __enter__(self) -> AttemptSpan:
+        if not installed():
+            return self
+        from opentelemetry import context, trace
+
+        stored = self._stored
+        if not sdk_configured():
+            # nothing would record: no span, only the stored context made current, for the provider call
+            if stored is not None:
+                self._token = context.attach(_parent_context(self.action_id, stored))
+            return self
+        executor_span = trace.get_current_span().get_span_context()
+        self._span = span = _tracer().start_span(
+            self._name,
+            context=_parent_context(self.action_id, stored) if stored is not None else _empty(),
+            kind=trace.SpanKind.CONSUMER,
+            attributes=self._attributes,
+            links=(trace.Link(executor_span),) if executor_span.is_valid else (),
+        )
+        self._token = context.attach(trace.set_span_in_context(span))
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, _: object) -> None:
+        if self._token is not None:
+            from opentelemetry import context
+
+            context.detach(self._token)  # type: ignore[arg-type]
+        if self._span is not None:
+            _end(self._span, error)
 
     def finish(self, attributes: Mapping[str, AttributeValue | None], error: str | None) -> None:
         """The attempt's outcome on its span (None values left out); `error`: the span's status is an error
         with this description."""
-        if self._span is None or not self._span.is_recording():
+        span = self._span
+        if span is None or not span.is_recording():
             return
+        span.set_attributes({name: value for name, value in attributes.items() if value is not None})
+        if error is not None:
+            from opentelemetry.trace import Status, StatusCode
+
+            span.set_status(Status(StatusCode.ERROR, error))
+
+
+def attempt_span(name: str, action_id: int, stored: object, attributes: Mapping[str, AttributeValue]) -> AttemptSpan:
+    """The span of one attempt, current inside the `with` block: a child of the `stored` trace context, a root
+    when none was stored; a malformed one is ignored with a warning. The span current where the block starts
+    (a drain run's, say) becomes a link. The sampler of the application's tracer provider decides whether it
+    records: a ParentBased one (the SDK's default) follows the stored context's sampled flag."""
+    return AttemptSpan(name, action_id, stored, attributes)
+
+
+def _end(span: Span, error: BaseException | None) -> None:
+    """End `span`; an exception that left its block makes it an error named by the exception's class only (its
+    message may hold anything: a recipient, a URL)."""
+    if isinstance(error, Exception) and span.is_recording():
         from opentelemetry.trace import Status, StatusCode
 
-        self._span.set_attributes({name: value for name, value in attributes.items() if value is not None})
-        if error is not None:
-            self._span.set_status(Status(StatusCode.ERROR, error))
+        span.set_attribute("error.type", type(error).__qualname__)
+        span.set_status(Status(StatusCode.ERROR, type(error).__qualname__))
+    span.end()
 
 
-_NO_SPAN = AttemptSpan(None)
-
-
-@contextmanager
-def attempt_span(
-    name: str, action_id: int, stored: object, attributes: Mapping[str, AttributeValue]
-) -> Iterator[AttemptSpan]:
-    """The span of one attempt, current inside the block: a child of the `stored` trace context, a root when
-    none was stored; a malformed one is ignored with a warning. The span current here (a drain run's, say)
-    becomes a link."""
-    if not installed():
-        yield _NO_SPAN
-        return
-    from opentelemetry import context, trace
+@cache
+def _empty() -> Context:
+    """The context of an attempt with no stored trace: its span is a root (never a child of the executor's)."""
     from opentelemetry.context import Context
 
-    if not sdk_configured():
-        # nothing would record: no span, only the stored context made current, for the provider call
-        token = context.attach(_parent_context(action_id, stored)) if stored is not None else None
-        try:
-            yield _NO_SPAN
-        finally:
-            if token is not None:
-                context.detach(token)
-        return
-    executor_span = trace.get_current_span().get_span_context()
-    links = [trace.Link(executor_span)] if executor_span.is_valid else []
-    parent = _parent_context(action_id, stored) if stored is not None else Context()
-    with _tracer().start_as_current_span(
-        name, context=parent, kind=trace.SpanKind.CONSUMER, attributes=dict(attributes), links=links
-    ) as span:
-        yield AttemptSpan(span)
+    return Context()
+
+
+@cache
+def _propagator() -> TraceContextTextMapPropagator:
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    return TraceContextTextMapPropagator()
 
 
 def _parent_context(action_id: int, stored: object) -> Context:
     """The context `stored` names, or an empty one (the attempt a root) when it is not a W3C trace context."""
     from opentelemetry import trace
-    from opentelemetry.context import Context
-    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-    carrier = stored if isinstance(stored, dict) else {}
-    headers = {name: value for name, value in carrier.items() if name in _HEADERS and isinstance(value, str)}
     try:
-        parent = TraceContextTextMapPropagator().extract(headers, context=Context())
+        if not (isinstance(stored, dict) and isinstance(stored.get("traceparent"), str)):
+            raise ValueError
+        if not isinstance(stored.get("tracestate", ""), str):
+            stored = {"traceparent": stored["traceparent"]}
+        parent = _propagator().extract(stored, context=_empty())
     except Exception:  # a propagator that chokes on odd text must not fail the attempt
-        parent = Context()
+        parent = _empty()
     if not trace.get_current_span(parent).get_span_context().is_valid:
         log.warning(
             "action %s: its stored trace context is not a W3C trace context (%.120s): the attempt's span starts"
@@ -154,7 +212,7 @@ def _parent_context(action_id: int, stored: object) -> Context:
             action_id,
             json.dumps(stored, default=str),
         )
-        return Context()
+        return _empty()
     return parent
 
 
@@ -166,33 +224,81 @@ def fence_event(refusal: str | None) -> None:
 
     span = trace.get_current_span()
     if span.is_recording():
-        granted: dict[str, AttributeValue] = {"outbox.fence.granted": refusal is None}
-        span.add_event("outbox.fence", granted if refusal is None else {**granted, "outbox.fence.refusal": refusal})
+        span.add_event(
+            "outbox.fence",
+            _GRANTED if refusal is None else {"outbox.fence.granted": False, "outbox.fence.refusal": refusal},
+        )
 
 
-@contextmanager
-def provider_call(name: str, *, producer: bool = False) -> Iterator[dict[str, str]]:
-    """A child span of the current one (the attempt's) around the provider call; yields the W3C headers
-    (traceparent, tracestate) that carry it to the provider: none without OpenTelemetry or an active trace."""
-    if not installed():
-        yield {}
-        return
-    from opentelemetry import trace
+_GRANTED: Mapping[str, AttributeValue] = {"outbox.fence.granted": True}
 
-    if not sdk_configured():
-        yield context_headers()  # the attempt's stored context, as it was enqueued
-        return
-    kind = trace.SpanKind.PRODUCER if producer else trace.SpanKind.CLIENT
-    with _tracer().start_as_current_span(name, kind=kind):
-        yield context_headers()
+
+class ProviderSpan:
+    """A provider call's span (made by `provider_call`), current inside `with`: a child of the attempt's span
+    when that one records; `headers` are the W3C headers that carry the call's trace on (the attempt's stored
+    context when no span records; none without OpenTelemetry or a trace). `answered` and `failed` put the
+    outcome of an HTTP call on it, as the HTTP semantic conventions of a client span ask."""
+
+    __slots__ = ("_attributes", "_kind", "_name", "_span", "_token", "headers")
+
+    def __init__(self, name: str, kind: str, attributes: Mapping[str, AttributeValue] | None) -> None:
+        self._name, self._kind, self._attributes = name, kind, attributes
+        self._span: Span | None = None
+        self._token: object = None
+        self.headers: dict[str, str] = {}
+
+    def __enter__(self) -> ProviderSpan:
+        if "opentelemetry.trace" not in sys.modules:
+            return self
+        from opentelemetry import context, trace
+
+        if trace.get_current_span().is_recording():
+            self._span = span = _tracer().start_span(
+                self._name, kind=trace.SpanKind[self._kind], attributes=self._attributes
+            )
+            self._token = context.attach(trace.set_span_in_context(span))
+        _propagator().inject(self.headers)
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, _: object) -> None:
+        if self._token is not None:
+            from opentelemetry import context
+
+            context.detach(self._token)  # type: ignore[arg-type]
+        if self._span is not None:
+            _end(self._span, error)
+
+    def answered(self, status: int) -> None:
+        """The HTTP response's status; 4xx and 5xx make the span an error (`error.type`: the status)."""
+        span = self._span
+        if span is None:
+            return
+        span.set_attribute("http.response.status_code", status)
+        if status >= 400:
+            self.failed(str(status))
+
+    def failed(self, error_type: str) -> None:
+        """The call failed: `error_type` (an exception's class, or an HTTP status) and an error status."""
+        span = self._span
+        if span is None:
+            return
+        from opentelemetry.trace import Status, StatusCode
+
+        span.set_attribute("error.type", error_type)
+        span.set_status(Status(StatusCode.ERROR))
+
+
+def provider_call(
+    name: str, *, producer: bool = False, attributes: Mapping[str, AttributeValue] | None = None
+) -> ProviderSpan:
+    """A child span of the current one (the attempt's) around the provider call, client or producer."""
+    return ProviderSpan(name, "PRODUCER" if producer else "CLIENT", attributes)
 
 
 def context_headers() -> dict[str, str]:
     """The current span's W3C headers (traceparent, tracestate); none without OpenTelemetry or an active trace."""
     if "opentelemetry.trace" not in sys.modules:
         return {}
-    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
-
     headers: dict[str, str] = {}
-    TraceContextTextMapPropagator().inject(headers)
+    _propagator().inject(headers)
     return headers

@@ -93,6 +93,10 @@ def test_from_the_application_folder_it_says_what_it_carries_out_then_carries_it
     assert ":***@" in shown
     assert f"carrying out PING on {shown}: " in started[0]
     assert "concurrency 7, claim batch up to the free slots, lease 90 s" in started[0]
+    # the application set no tracer provider: its attempts make no span, and the line says so
+    assert started[0].endswith(
+        "; tracing off (no tracer provider set; stored trace contexts still reach the providers)"
+    ), started[0]
     assert PASSWORD not in ran.stderr + ran.stdout
     check = create_engine(database_url)
     with check.connect() as conn:

@@ -11,6 +11,7 @@ process; each test finds its own spans by trace or action id.
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
 import logging
@@ -35,7 +36,11 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
     ExportTraceServiceResponse,
 )
-from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased
+from opentelemetry.trace import NonRecordingSpan, SpanContext, StatusCode, TraceFlags
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from sqlalchemy import Engine, text
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -59,6 +64,7 @@ from tests.test_enqueue_psycopg import libpq_url
 ROOT = Path(__file__).resolve().parent.parent
 SECRET = "whsec_" + "a2trLWtrLWtrLWtrLWtrLWtrLWtrLWtrLWtrLWtrLWs="
 SPAN_SECONDS = 30.0
+QUERY_TOKEN = "q7-s3cr3t-t0k3n"
 
 
 @dataclass
@@ -160,6 +166,23 @@ def fresh_spans(collector: Collector) -> None:
         collector.spans.clear()
 
 
+@pytest.fixture(scope="module")
+def memory(collector: Collector) -> InMemorySpanExporter:
+    """Every span of this process, as the SDK ends it (beside the OTLP export to the collector)."""
+    exporter = InMemorySpanExporter()
+    provider = trace.get_tracer_provider()
+    assert isinstance(provider, TracerProvider)
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    return exporter
+
+
+@pytest.fixture
+def ended(memory: InMemorySpanExporter) -> InMemorySpanExporter:
+    """The spans ended during the test."""
+    memory.clear()
+    return memory
+
+
 def ancestors(collector: Collector, trace_id: str, span: dict[str, Any]) -> list[str]:
     """The ids of `span`'s parent, its parent's parent, ... as far as the collector holds them."""
     by_id = {s["span_id"]: s for s in collector.in_trace(trace_id)}
@@ -221,11 +244,13 @@ class OrderPaidEvent(NatsEvent):
 
 
 class WebhookReceiver:
-    """Answers the first delivery 500 and later ones 200; continues the trace of each from its `traceparent`
-    in a span of its own (a service of its own, with the test's provider)."""
+    """Answers each delivery with the next of `answers` (a status and its headers; by default 500, then 200
+    to every later one); continues the trace of each from its `traceparent` in a span of its own (a service of
+    its own, with the test's provider)."""
 
     def __init__(self) -> None:
         self.headers: list[dict[str, str]] = []
+        self.answers: list[tuple[int, dict[str, str]]] = [(500, {})]
         receiver = self
         tracer = trace.get_tracer("webhook-receiver")
 
@@ -236,8 +261,10 @@ class WebhookReceiver:
                 receiver.headers.append(headers)
                 parent = TraceContextTextMapPropagator().extract(headers)
                 with tracer.start_as_current_span("receive order.paid", context=parent, kind=trace.SpanKind.SERVER):
-                    status = 500 if len(receiver.headers) == 1 else 200
+                    status, extra = receiver.answers.pop(0) if receiver.answers else (200, {})
                 self.send_response(status)
+                for name, value in extra.items():
+                    self.send_header(name, value)
                 self.send_header("Content-Length", "0")
                 self.end_headers()
 
@@ -260,7 +287,8 @@ def receiver(monkeypatch: pytest.MonkeyPatch) -> Iterator[WebhookReceiver]:
     monkeypatch.setattr(event_registry, "_EVENTS", {})
     monkeypatch.setattr(nats_registry, "_EVENTS", {})
     running = WebhookReceiver()
-    register_endpoint("shop", running.url, secret=SECRET)
+    # a token in the query, as many receivers ask: it must reach no span
+    register_endpoint("shop", f"{running.url}?token={QUERY_TOKEN}", secret=SECRET)
     register(OrderPaidHook())
     yield running
     running.stop()
@@ -269,7 +297,9 @@ def receiver(monkeypatch: pytest.MonkeyPatch) -> Iterator[WebhookReceiver]:
 def shop_app(collector: Collector, aengine: AsyncEngine) -> FastAPI:
     """The application: a request span (docs/tracing.md's `trace_requests`) around a route that enqueues the
     order's webhook and event in its transaction."""
-    app = collector.setup["trace_requests"](FastAPI(title="shop"))  # type: ignore[attr-defined]
+    # FastAPI's own request spans off: the docs' `trace_requests` makes the one under test
+    shop = FastAPI(title="shop", lifespan=collector.setup["traces_sent_at_shutdown"], telemetry={"tracing": False})  # type: ignore[attr-defined]
+    app = collector.setup["trace_requests"](shop)  # type: ignore[attr-defined]
     hook, event = event_registry.event_named("order.paid"), register_event(OrderPaidEvent())
 
     @app.post("/orders/{order_id}/paid")
@@ -314,7 +344,7 @@ async def test_one_trace_holds_the_request_both_attempts_of_a_retried_webhook_an
         await (adapter.aclose() if hasattr(adapter, "aclose") else adapter.close())
     assert outcomes.attempted == 3, "the webhook twice (a 500, then a 200), the event once"
 
-    [request] = [s for s in spans_of(collector, 1) if s["name"] == "POST /orders/7/paid"]
+    [request] = [s for s in spans_of(collector, 1) if s["name"] == "POST /orders/{order_id}/paid"]
     attempts = spans_of(collector, 2, **{"outbox.action.id": answer["webhook"]})
     [published] = spans_of(collector, 1, **{"outbox.action.id": answer["event"]})
     received = [s for s in collector.in_trace(trace_id) if s["name"] == "receive order.paid"]
@@ -330,7 +360,7 @@ async def test_one_trace_holds_the_request_both_attempts_of_a_retried_webhook_an
     assert second["attributes"]["outbox.trace.event_type"] == "order.paid"
     assert ("outbox.fence", {"outbox.fence.granted": True}) in second["events"]
     # each delivery's span continues from its POST's span, a child of its attempt
-    posts = {s["span_id"]: s for s in collector.in_trace(trace_id) if s["name"] == "WEBHOOK POST"}
+    posts = {s["span_id"]: s for s in collector.in_trace(trace_id) if s["name"] == "POST"}
     assert {posts[r["parent_id"]]["parent_id"] for r in received} == {first["span_id"], second["span_id"]}
     assert all("lane" not in name for a in attempts for name in a["attributes"])
 
@@ -342,6 +372,94 @@ async def test_one_trace_holds_the_request_both_attempts_of_a_retried_webhook_an
     assert message.headers is not None
     assert message.headers["traceparent"].split("-")[1:3] == [trace_id, publish["span_id"]]
     assert publish["parent_id"] == published["span_id"]
+
+
+async def enqueue_order(aengine: AsyncEngine, order_id: int, parent: SpanContext | None) -> int:
+    """The order.paid webhook, enqueued under a span with `parent`'s context (none: no span active)."""
+    hook = event_registry.event_named("order.paid")
+    with trace.use_span(NonRecordingSpan(parent)) if parent is not None else contextlib.nullcontext():
+        async with aengine.begin() as conn:
+            return (await enqueue_webhook_async(conn, hook, {"order_id": order_id}, max_attempts=3)).id
+
+
+def attempts_of(ended: InMemorySpanExporter, action_id: int) -> list[ReadableSpan]:
+    spans = [s for s in ended.get_finished_spans() if (s.attributes or {}).get("outbox.action.id") == action_id]
+    return sorted(spans, key=lambda s: s.start_time or 0)
+
+
+def children_of(ended: InMemorySpanExporter, span: ReadableSpan) -> list[ReadableSpan]:
+    return [s for s in ended.get_finished_spans() if s.parent is not None and s.parent.span_id == span.context.span_id]
+
+
+async def test_a_webhooks_post_span_follows_the_http_conventions_and_each_attempt_says_why(
+    ended: InMemorySpanExporter, aengine: AsyncEngine, receiver: WebhookReceiver
+) -> None:
+    receiver.answers = [(429, {"Retry-After": "1"}), (500, {})]  # then 200
+    sampled = SpanContext(0x4BF92F3577B34DA6A3CE929D0E0E4736, 0x00F067AA0BA902B7, True, TraceFlags(0x03))
+    action_id = await enqueue_order(aengine, 1, sampled)
+    adapters = collector_adapters(aengine)
+    await drain(aengine, adapters)
+    for adapter in adapters:
+        await adapter.aclose()
+    deferred, retried, done = attempts_of(ended, action_id)
+    assert [a.attributes["outbox.result"] for a in (deferred, retried, done)] == ["DEFER", "RETRY", "DONE"]
+    assert deferred.attributes["outbox.reason"] == "429: the receiver asked to wait 1 s"
+    assert deferred.attributes["outbox.defer_seconds"] == 1.0
+    assert retried.attributes["outbox.reason"] == "500: the receiver did not take the webhook"
+    assert "outbox.reason" not in done.attributes and "outbox.defer_seconds" not in retried.attributes
+    posts = [children_of(ended, attempt) for attempt in (deferred, retried, done)]
+    assert all(len(found) == 1 for found in posts)
+    port = int(receiver.url.split(":")[2].split("/")[0])
+    for [post], status in zip(posts, (429, 500, 200), strict=True):
+        assert post.name == "POST" and post.kind is trace.SpanKind.CLIENT
+        assert dict(post.attributes or {}) == {
+            "http.request.method": "POST",
+            "server.address": "127.0.0.1",
+            "server.port": port,
+            "url.scheme": "http",
+            "http.response.status_code": status,
+            **({"error.type": str(status)} if status >= 400 else {}),
+        }
+        assert post.status.status_code is (StatusCode.ERROR if status >= 400 else StatusCode.UNSET)
+    # the receiver continued each POST's span; the query's token is in no span, event or link
+    assert [h["traceparent"].split("-")[2] for h in receiver.headers] == [
+        format(post.context.span_id, "016x") for [post] in posts
+    ]
+    for span in ended.get_finished_spans():
+        assert QUERY_TOKEN not in span.to_json() and "url.full" not in (span.attributes or {})
+
+
+async def test_the_executor_follows_the_stored_sampling_decision(
+    ended: InMemorySpanExporter, aengine: AsyncEngine, receiver: WebhookReceiver
+) -> None:
+    """The SDK's default sampler (ParentBased): an action enqueued under an unsampled request records nothing,
+    yet its trace reaches the receiver, still unsampled; one enqueued with no span active is a root, sampled by
+    the root sampler (every one, by default)."""
+    receiver.answers = []
+    unsampled = SpanContext(0x0AF7651916CD43DD8448EB211C80319C, 0xB7AD6B7169203331, True, TraceFlags(0x02))
+    quiet = await enqueue_order(aengine, 2, unsampled)
+    alone = await enqueue_order(aengine, 3, None)
+    adapters = collector_adapters(aengine)
+    outcomes = await drain(aengine, adapters)
+    for adapter in adapters:
+        await adapter.aclose()
+    assert outcomes.attempted == 2
+    assert attempts_of(ended, quiet) == []
+    [root] = attempts_of(ended, alone)
+    assert root.parent is None and root.attributes["outbox.result"] == "DONE"
+    [root_post] = children_of(ended, root)
+    by_trace = {h["traceparent"].split("-")[1]: h["traceparent"] for h in receiver.headers}
+    # test the sampled bit (bit 0 of the flags), never the whole byte: 02 and 03 carry the random bit too
+    assert int(by_trace[format(unsampled.trace_id, "032x")].split("-")[3], 16) & 0x01 == 0
+    assert int(by_trace[format(root.context.trace_id, "032x")].split("-")[3], 16) & 0x01 == 1
+    assert by_trace[format(root.context.trace_id, "032x")].split("-")[2] == format(root_post.context.span_id, "016x")
+
+
+def collector_adapters(aengine: AsyncEngine) -> list[Any]:
+    """The webhook's adapter, built after the test registered its endpoint."""
+    from outbox.webhook import webhook_adapters
+
+    return list(webhook_adapters(aengine))
 
 
 async def test_every_enqueue_route_stores_the_active_spans_context_and_nothing_without_one(
@@ -530,8 +648,8 @@ sent = []
 
 async def call_provider(attempt):
     (await attempt.fence().begin_write()).check()
-    with tracing.provider_call("TEST_READBACK call") as headers:
-        sent.append(headers)
+    with tracing.provider_call("TEST_READBACK call") as call:
+        sent.append(call.headers)
     return Done("sent")
 
 
@@ -559,7 +677,8 @@ def traced_adapters(engine: AsyncEngine) -> list[ScriptedAdapter]:
     namespace: dict[str, Any] = {}
     code, page = example("tracing-setup")
     exec(compile(code, page, "exec"), namespace)
-    namespace["export_traces"]("outbox-run")
+    # the stored flag decides an enqueued trace's attempts; the root sampler, the attempts stored without one
+    namespace["export_traces"]("outbox-run", ParentBased(ALWAYS_OFF))
     return [ScriptedAdapter(kinds.READBACK)]
 
 
@@ -569,6 +688,10 @@ def test_outbox_run_exports_the_attempt_spans_under_the_enqueuing_trace(
     with trace.get_tracer("app").start_as_current_span("POST /pings") as request, engine.begin() as conn:
         action = outbox.enqueue(
             conn, ActionRequest(kind=kinds.READBACK, lane_key="run", idempotency_key="run", payload={})
+        )
+    with engine.begin() as conn:
+        alone = outbox.enqueue(
+            conn, ActionRequest(kind=kinds.READBACK, lane_key="alone", idempotency_key="alone", payload={})
         )
     env = {
         **os.environ,
@@ -586,3 +709,7 @@ def test_outbox_run_exports_the_attempt_spans_under_the_enqueuing_trace(
     assert span["trace_id"] == format(request.get_span_context().trace_id, "032x")
     assert span["parent_id"] == format(request.get_span_context().span_id, "016x")
     assert span["name"] == "TEST_READBACK attempt" and span["attributes"]["outbox.result"] == "DONE"
+    # the process exported everything as it exited: the action stored without a trace made no span
+    assert collector.matching(**{"outbox.action.id": alone.id}) == []
+    [started] = [line for line in done.stderr.splitlines() if "carrying out" in line]
+    assert "; tracing on (sampler ParentBased{root:AlwaysOffSampler,remoteParentSampled:AlwaysOnSampler," in started

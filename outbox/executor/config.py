@@ -47,11 +47,14 @@ class ExecutorConfig:
 
 
 def start_line(kinds: list[str], shown_url: str, config: ExecutorConfig) -> str:
-    """What an executor says when it starts: its kinds, its database (no password) and its settings."""
+    """What an executor says when it starts: its kinds, its database (no password), its settings, and whether its
+    attempts make spans (outbox.tracing: the adapters' factory, which ran before, may have set a provider)."""
+    from outbox import tracing
+
     batch = f"{config.claim_batch}" if config.claim_batch is not None else "up to the free slots"
     return (
         f"carrying out {', '.join(kinds)} on {shown_url}: concurrency {config.concurrency},"
-        f" claim batch {batch}, lease {config.lease_seconds:g} s"
+        f" claim batch {batch}, lease {config.lease_seconds:g} s; {tracing.described()}"
     )
 
 

@@ -411,9 +411,13 @@ class Executor:
 def _span_outcome(
     attempt: ActionAttempt, result: Result, write: FinishWrite | None, *, recorded: bool
 ) -> tuple[dict[str, tracing.AttributeValue | None], str | None]:
-    """An attempt span's closing attributes, and its error (UNCERTAIN or FAILED: the result's reason)."""
+    """An attempt span's closing attributes, and its error (UNCERTAIN or FAILED: the result's reason). Every
+    result but Done says why in `outbox.reason` (a status or a reply, as `last_error` keeps it: never an
+    address), and a Defer how long it waits."""
     attributes: dict[str, tracing.AttributeValue | None] = {
         "outbox.result": result_name(result),
+        "outbox.reason": None if isinstance(result, Done) else result.reason or None,
+        "outbox.defer_seconds": result.after if isinstance(result, Defer) else None,
         "outbox.recorded": recorded,
         "outbox.state": str(write.state) if write is not None else None,
         "outbox.stop_reason": str(write.stop_reason) if write is not None and write.stop_reason else None,

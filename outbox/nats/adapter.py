@@ -189,9 +189,9 @@ class NatsAdapter:
     ) -> Result:
         timeout = min(self.config.publish_timeout_seconds, window.check())
         try:
-            with tracing.provider_call(f"{NATS_EVENT.name} publish", producer=True) as trace_headers:
+            with tracing.provider_call(f"{NATS_EVENT.name} publish", producer=True) as call:
                 publish = client.js.publish(
-                    prepared.subject, prepared.body, timeout=timeout, headers={**headers, **trace_headers}
+                    prepared.subject, prepared.body, timeout=timeout, headers={**headers, **call.headers}
                 )
                 ack = await _until_lost(client, publish, timeout)
         except NoStreamResponseError:

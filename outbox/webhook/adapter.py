@@ -37,8 +37,10 @@ An attempt whose answer was lost after the request was sent notes `answer_lost` 
 attempt, any answer that would be a Retry (nothing sent this time, a 5xx) ends Uncertain PROVIDER_UNCERTAIN
 instead of FAILED, since the receiver may hold the earlier delivery.
 
-With OpenTelemetry (`outbox.tracing`) the POST is a span of its own under the attempt's, and its W3C
-`traceparent` (and `tracestate`) go with the request, outside the signature: a receiver may continue the trace.
+With OpenTelemetry (`outbox.tracing`) the POST is a span of its own under the attempt's (named `POST`, with
+the HTTP semantic conventions' method, server address and port, response status, and `error.type` and an
+error status on a 4xx, a 5xx or a request that failed; never the URL), and its W3C `traceparent` (and
+`tracestate`) go with the request, outside the signature: a receiver may continue the trace.
 
 Results carry status codes and stage names only (connect, tls, send, response, body), never the URL's
 query, the body or the response's text: the executor keeps each reason as the action's last_error.
@@ -106,6 +108,7 @@ class WebhookAdapter:
         self._engine = engine
         self.request_seconds = float(request_seconds)
         self._signers = {e.name: (e, signers(endpoint_secrets(e))) for e in registered_endpoints()}
+        self._span_attributes = {name: span_attributes(e.url) for name, (e, _) in self._signers.items()}
         # identity: the body read is the body sent, never a small compressed answer that unpacks to megabytes
         self._client = httpx.AsyncClient(
             follow_redirects=False, timeout=self.request_seconds, headers={"accept-encoding": "identity"}
@@ -174,28 +177,43 @@ class WebhookAdapter:
         status: int | None = None
         head = httpx.Headers()
         answer = b""
-        try:
-            bound = min(self.request_seconds, window.check())
-            async with asyncio.timeout(bound):
-                with tracing.provider_call(f"{WEBHOOK.name} POST") as trace_headers:
+        bound = min(self.request_seconds, window.check())
+        with tracing.provider_call("POST", attributes=self._span_attributes[endpoint.name]) as call:
+            try:
+                async with asyncio.timeout(bound):
                     async with self._client.stream(
                         "POST",
                         endpoint.url,
                         content=request.body,
-                        headers={**request.headers, **trace_headers},
+                        headers={**request.headers, **call.headers},
                         timeout=bound,
                         extensions={"trace": trace},
                     ) as response:
                         status, head = response.status_code, response.headers
+                        call.answered(status)
                         stage = "body"
                         async for chunk in response.aiter_raw():
                             answer += chunk
                             if len(answer) >= RESPONSE_LIMIT:
                                 break
-        except (httpx.RequestError, TimeoutError, OSError) as error:
-            if status is None:
-                return _unanswered(stage, type(error).__name__, last)
+            except (httpx.RequestError, TimeoutError, OSError) as error:
+                call.failed(type(error).__name__)
+                if status is None:
+                    return _unanswered(stage, type(error).__name__, last)
         return classify(status, head.get("retry-after"), answer[:RESPONSE_LIMIT], msg_id, uncounted)
+
+
+def span_attributes(url: str) -> dict[str, tracing.AttributeValue]:
+    """The POST span's attributes, by the HTTP semantic conventions of a client span, for an endpoint's URL. No
+    `url.full`: a webhook URL's path carries a token as often as its query does (`/services/T0/B0/<token>`),
+    and the endpoint's name is on the attempt's span (`outbox.trace.endpoint`)."""
+    parsed = httpx.URL(url)
+    return {
+        "http.request.method": "POST",
+        "server.address": parsed.host,
+        "server.port": parsed.port or (443 if parsed.scheme == "https" else 80),
+        "url.scheme": parsed.scheme,
+    }
 
 
 def _unanswered(stage: str, error: str, last: bool) -> Result:

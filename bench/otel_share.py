@@ -1,0 +1,149 @@
+"""outbox's own share of an attempt's tracing: outbox.tracing's spans against the same spans made directly with
+the SDK, per attempt, in one process.
+
+    python -m bench.otel_share [--calls 20000] [--rounds 7]
+
+One attempt of a webhook, as the executor and the webhook adapter trace it: the attempt span under a stored
+context (its attributes, the fence event, the closing attributes) and its `POST` child (the HTTP attributes,
+the W3C headers injected, the status). `outbox` runs it through outbox.tracing; `direct` writes the same spans
+with the SDK's own calls (`extract`, `start_as_current_span`, `add_event`, `inject`, `set_attributes`), as an
+application tracing its own calls would. The tracer provider has no span processor, so neither pays an
+export (the SDK's share, the same for both). The stored context is each of: `sampled` (flags 03), `unsampled`
+(02: a ParentBased sampler records nothing) and `none` (the attempt is a root). Each round times every
+(path, context) pair, in an order rotated by round; printed: the median over the rounds of the CPU time
+(`time.process_time`) per attempt, its spread, and the median of the rounds' differences (outbox's share).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+CONTEXTS = {
+    "sampled": {"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-03"},
+    "unsampled": {"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-02"},
+    "none": None,
+}
+HTTP = {"http.request.method": "POST", "server.address": "127.0.0.1", "server.port": 8080, "url.scheme": "http"}
+TRACE = {"event_type": "invoice.paid", "endpoint": "billing", "webhook_id": "msg_2BqkW0RlCw2bGbbZfEyYvMjgU5r"}
+
+
+def _opening(action_id: int) -> dict[str, Any]:
+    return {
+        "outbox.action.id": action_id,
+        "outbox.action.kind": "WEBHOOK",
+        "outbox.attempt": 1,
+        "outbox.max_attempts": 8,
+        "outbox.epoch": 1,
+        "outbox.executor.id": "bench-1",
+    }
+
+
+def _closing() -> dict[str, Any]:
+    closing: dict[str, Any] = {
+        "outbox.result": "DONE",
+        "outbox.reason": None,
+        "outbox.defer_seconds": None,
+        "outbox.recorded": True,
+        "outbox.state": "DONE",
+        "outbox.stop_reason": "CONFIRMED",
+    }
+    return closing | {f"outbox.trace.{name}": value for name, value in TRACE.items()}
+
+
+def outbox_path(stored: dict[str, str] | None) -> Callable[[], None]:
+    from outbox import tracing
+
+    def attempt() -> None:
+        with tracing.attempt_span("WEBHOOK attempt", 1, stored, _opening(1)) as span:
+            tracing.fence_event(None)
+            with tracing.provider_call("POST", attributes=HTTP) as call:
+                headers = {"webhook-id": TRACE["webhook_id"], **call.headers}
+                call.answered(200)
+            span.finish(_closing(), None)
+        assert headers
+
+    return attempt
+
+
+def direct_path(stored: dict[str, str] | None) -> Callable[[], None]:
+    from opentelemetry import trace
+    from opentelemetry.context import Context
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    tracer = trace.get_tracer("direct")
+    propagator = TraceContextTextMapPropagator()
+
+    def attempt() -> None:
+        parent = propagator.extract(stored) if stored is not None else Context()
+        with tracer.start_as_current_span(
+            "WEBHOOK attempt", context=parent, kind=trace.SpanKind.CONSUMER, attributes=_opening(1)
+        ) as span:
+            span.add_event("outbox.fence", {"outbox.fence.granted": True})
+            with tracer.start_as_current_span("POST", kind=trace.SpanKind.CLIENT, attributes=HTTP) as post:
+                headers = {"webhook-id": TRACE["webhook_id"]}
+                propagator.inject(headers)
+                post.set_attribute("http.response.status_code", 200)
+            span.set_attributes({name: value for name, value in _closing().items() if value is not None})
+        assert headers
+
+    return attempt
+
+
+def measure(calls: int, rounds: int) -> dict[str, dict[str, list[float]]]:
+    """CPU µs per attempt for every (context, path), `rounds` times, alternated."""
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased
+
+    trace.set_tracer_provider(TracerProvider(sampler=ParentBased(ALWAYS_ON)))
+    cases = [(context, path) for context in CONTEXTS for path in ("outbox", "direct")]
+    runs = {
+        (context, path): (outbox_path if path == "outbox" else direct_path)(CONTEXTS[context])
+        for context, path in cases
+    }
+    found: dict[str, dict[str, list[float]]] = {context: {"outbox": [], "direct": []} for context in CONTEXTS}
+    for run in runs.values():
+        for _ in range(calls // 10):  # warm up
+            run()
+    for round_number in range(rounds):
+        shift = round_number % len(cases)
+        for context, path in cases[shift:] + cases[:shift]:
+            run = runs[(context, path)]
+            started = time.process_time()
+            for _ in range(calls):
+                run()
+            found[context][path].append((time.process_time() - started) / calls * 1e6)
+    return found
+
+
+def table(found: dict[str, dict[str, list[float]]]) -> list[str]:
+    lines = [
+        "| stored context | outbox.tracing µs/attempt median (spread) | the SDK directly µs/attempt median (spread)"
+        " | outbox's share µs/attempt: median of the rounds' differences (spread) |",
+        "| --- | ---: | ---: | ---: |",
+    ]
+    for context, paths in found.items():
+        cells = [f"{statistics.median(v):.1f} ({min(v):.1f} to {max(v):.1f})" for v in paths.values()]
+        share = [a - b for a, b in zip(paths["outbox"], paths["direct"], strict=True)]
+        cells.append(f"{statistics.median(share):.1f} ({min(share):.1f} to {max(share):.1f})")
+        lines.append(f"| {context} | {' | '.join(cells)} |")
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--calls", type=int, default=20000)
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--json", action="store_true", help="print the measures as JSON")
+    args = parser.parse_args()
+    found = measure(args.calls, args.rounds)
+    print(json.dumps(found) if args.json else "\n".join(table(found)))
+
+
+if __name__ == "__main__":
+    main()
