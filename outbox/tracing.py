@@ -75,12 +75,19 @@ def enqueue_context() -> str | None:
     return json.dumps(carrier) if "traceparent" in carrier else None
 
 
+_provider_set = False
+
+
 def sdk_configured() -> bool:
     """Whether the application has set a tracer provider: with the API alone, spans would record nothing, and
-    starting them costs the executor tens of microseconds an attempt."""
-    from opentelemetry import trace
+    starting them costs the executor tens of microseconds an attempt. Once set, a provider stays (the API
+    refuses to replace it), so a yes is kept."""
+    global _provider_set
+    if not _provider_set:
+        from opentelemetry import trace
 
-    return not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
+        _provider_set = not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
+    return _provider_set
 
 
 def described() -> str:
@@ -195,17 +202,17 @@ def _propagator() -> TraceContextTextMapPropagator:
 
 def _parent_context(action_id: int, stored: object) -> Context:
     """The context `stored` names, or an empty one (the attempt a root) when it is not a W3C trace context."""
-    from opentelemetry import trace
-
+    empty = _empty()
     try:
         if not (isinstance(stored, dict) and isinstance(stored.get("traceparent"), str)):
             raise ValueError
         if not isinstance(stored.get("tracestate", ""), str):
             stored = {"traceparent": stored["traceparent"]}
-        parent = _propagator().extract(stored, context=_empty())
+        # the propagator gives back the context it was handed when the traceparent is not valid
+        parent = _propagator().extract(stored, context=empty)
     except Exception:  # a propagator that chokes on odd text must not fail the attempt
-        parent = _empty()
-    if not trace.get_current_span(parent).get_span_context().is_valid:
+        parent = empty
+    if parent is empty:
         log.warning(
             "action %s: its stored trace context is not a W3C trace context (%.120s): the attempt's span starts"
             " a trace of its own",
@@ -239,10 +246,10 @@ class ProviderSpan:
     context when no span records; none without OpenTelemetry or a trace). `answered` and `failed` put the
     outcome of an HTTP call on it, as the HTTP semantic conventions of a client span ask."""
 
-    __slots__ = ("_attributes", "_kind", "_name", "_span", "_token", "headers")
+    __slots__ = ("_attributes", "_name", "_producer", "_span", "_token", "headers")
 
-    def __init__(self, name: str, kind: str, attributes: Mapping[str, AttributeValue] | None) -> None:
-        self._name, self._kind, self._attributes = name, kind, attributes
+    def __init__(self, name: str, producer: bool, attributes: Mapping[str, AttributeValue] | None) -> None:
+        self._name, self._producer, self._attributes = name, producer, attributes
         self._span: Span | None = None
         self._token: object = None
         self.headers: dict[str, str] = {}
@@ -253,9 +260,8 @@ class ProviderSpan:
         from opentelemetry import context, trace
 
         if trace.get_current_span().is_recording():
-            self._span = span = _tracer().start_span(
-                self._name, kind=trace.SpanKind[self._kind], attributes=self._attributes
-            )
+            kind = trace.SpanKind.PRODUCER if self._producer else trace.SpanKind.CLIENT
+            self._span = span = _tracer().start_span(self._name, kind=kind, attributes=self._attributes)
             self._token = context.attach(trace.set_span_in_context(span))
         _propagator().inject(self.headers)
         return self
@@ -292,7 +298,7 @@ def provider_call(
     name: str, *, producer: bool = False, attributes: Mapping[str, AttributeValue] | None = None
 ) -> ProviderSpan:
     """A child span of the current one (the attempt's) around the provider call, client or producer."""
-    return ProviderSpan(name, "PRODUCER" if producer else "CLIENT", attributes)
+    return ProviderSpan(name, producer, attributes)
 
 
 def context_headers() -> dict[str, str]:
