@@ -16,6 +16,8 @@ import gzip
 import json
 import logging
 import os
+import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -713,3 +715,52 @@ def test_outbox_run_exports_the_attempt_spans_under_the_enqueuing_trace(
     assert collector.matching(**{"outbox.action.id": alone.id}) == []
     [started] = [line for line in done.stderr.splitlines() if "carrying out" in line]
     assert "; tracing on (sampler ParentBased{root:AlwaysOffSampler,remoteParentSampled:AlwaysOnSampler," in started
+
+
+# -- the application's own flush when its server stops
+
+UVICORN_APP = """
+from fastapi import FastAPI
+
+from tests.test_docs import example
+
+setup = {}
+code, page = example("tracing-setup")
+exec(compile(code, page, "exec"), setup)
+setup["export_traces"]("shop-uvicorn")
+# FastAPI's own request spans off: the docs' `trace_requests` makes one span per request
+app = setup["trace_requests"](FastAPI(lifespan=setup["traces_sent_at_shutdown"], telemetry={"tracing": False}))
+
+
+@app.get("/orders/{order_id}")
+async def order(order_id: int) -> dict[str, int]:
+    return {"order_id": order_id}
+"""
+
+
+def test_uvicorn_stopped_by_sigterm_sends_every_request_span_through_the_docs_shutdown_hook(
+    collector: Collector, tmp_path: Path
+) -> None:
+    """uvicorn ends its process by the signal once its graceful shutdown is done, so the SDK's exit handler
+    never runs: the batch's spans go only through the lifespan hook of docs/tracing.md's set-up."""
+    (tmp_path / "shop_uvicorn.py").write_text(UVICORN_APP)
+    listening = socket.socket()
+    listening.bind(("127.0.0.1", 0))
+    listening.listen(64)
+    port = listening.getsockname()[1]
+    env = {**os.environ, "OTEL_EXPORTER_OTLP_ENDPOINT": collector.url, "PYTHONPATH": f"{tmp_path}:{ROOT}"}
+    uvicorn = [sys.executable, "-m", "uvicorn", "shop_uvicorn:app", "--fd", str(listening.fileno())]
+    server = subprocess.Popen(uvicorn, env=env, cwd=ROOT, pass_fds=[listening.fileno()], stderr=subprocess.PIPE)
+    try:
+        # requests queue on the socket until the server is up
+        answers = [httpx.get(f"http://127.0.0.1:{port}/orders/{n}", timeout=60).status_code for n in range(9)]
+    finally:
+        server.send_signal(signal.SIGTERM)
+        _, stderr = server.communicate(timeout=60)
+        listening.close()
+    assert answers == [200] * 9, stderr.decode()[-2000:]
+    assert b"Application shutdown complete" in stderr, stderr.decode()[-2000:]
+    # the export ended before the process did: every span is here
+    received = [s for s in collector.spans if s["name"] == "GET /orders/{order_id}"]
+    assert len(received) == 9, stderr.decode()[-2000:]
+    assert {s["attributes"]["http.route"] for s in received} == {"/orders/{order_id}"}
