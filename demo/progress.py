@@ -2,12 +2,13 @@
 
     step(text) ─ news(text) ─▶ a terminal: a spinner and its text, with the seconds so far
                            └▶ a file or a pipe: a line now, and a line whenever the news changes
-    counts() ─ count(description, total) ─ update(done) ─ finish() ─▶ a terminal: one bar per count
-                           └▶ a file or a pipe: a line per count every LINE_SECONDS while it grows, and its last
+    counts() ─ count(description, total) ─ update(done, detail) ─ finish() ─▶ a terminal: one bar per count
+                           └▶ a file or a pipe: a line per count every LINE_SECONDS, grown or not (with
+                              `detail()`, what it waits for, when it did not grow), and its last
 
 A pipe shows neither a spinner nor a bar (rich prints them only to a terminal), so there the demo writes
-plain lines, each one flushed as it is written. A count keeps its own clock, from its creation to
-`finish()`: the figures that divide by its seconds take them from it.
+plain lines, each one flushed as it is written. A count keeps its own clock, from its creation (or the
+moment it is given) to `finish()`.
 """
 
 from __future__ import annotations
@@ -46,20 +47,25 @@ def step(console: Console, text: str) -> Iterator[Callable[[str], None]]:
 class Count:
     """One count toward its total, with its own clock: a bar on a terminal, lines elsewhere."""
 
-    def __init__(self, console: Console, bars: Progress | None, description: str, total: int) -> None:
+    def __init__(
+        self, console: Console, bars: Progress | None, description: str, total: int, started: float | None = None
+    ) -> None:
         self.console = console
         self.bars = bars
         self.description = description
         self.total = total
         self.task: TaskID | None = None if bars is None else bars.add_task(description, total=total)
-        self.started = time.monotonic()
-        self.printed = (self.started, -1)  # when the last line was written, and the count it gave
+        self.started = time.monotonic() if started is None else started
+        self.printed = (time.monotonic(), -1)  # when the last line was written, and the count it gave
 
-    def update(self, done: int) -> None:
+    def update(self, done: int, detail: Callable[[], str] = lambda: "") -> None:
+        """`done` so far; on a file or a pipe, a line every LINE_SECONDS, with `detail()` (what the count
+        waits for) when it did not grow since the last line."""
         if self.bars is not None and self.task is not None:
             self.bars.update(self.task, completed=done)
-        elif done != self.printed[1] and time.monotonic() - self.printed[0] >= LINE_SECONDS:
-            self._line(done, f"{time.monotonic() - self.started:.0f} s so far")
+        elif time.monotonic() - self.printed[0] >= LINE_SECONDS:
+            waiting = detail() if done == self.printed[1] else ""
+            self._line(done, f"{time.monotonic() - self.started:.0f} s so far" + (f"; {waiting}" if waiting else ""))
 
     def finish(self) -> float:
         """The count reached its total: its seconds since it started."""
@@ -80,9 +86,9 @@ class Counts:
         self.console = console
         self.bars = bars
 
-    def count(self, description: str, total: int) -> Count:
-        """A new count, its clock started now."""
-        return Count(self.console, self.bars, description, total)
+    def count(self, description: str, total: int, started: float | None = None) -> Count:
+        """A new count, its clock started now, or at `started` (time.monotonic())."""
+        return Count(self.console, self.bars, description, total, started)
 
 
 @contextmanager

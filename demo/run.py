@@ -4,29 +4,31 @@
     as it is; and always the Prefect server's own database `prefect`, made afresh) ─ its URL printed,
     with the `outbox status` command that reads it ─ SMTP sink that fails a share of deliveries ─ webhook
     receiver that fails a share of the first ones ─ nats-server with the stream ACCOUNTS (when installed)
-    ─ Prefect server ─ deployments ─ metrics exporter ─ worker replicas
-    ─▶ one drain run per worker, waited for until every executor claims (saying what each one waits for)
-    ─▶ the backlog: 2,000 workspace alerts over 200 workspaces, enqueued at once, each one effect in turn:
-       an email (through the example notices; admins unsubscribing meanwhile), a signed webhook to the
-       receiver, and an event to the stream (a third each; half emails and half webhooks without
-       nats-server), until every one ended
+    ─ Prefect server ─ deployments ─ metrics exporter ─ worker replicas ─ Prometheus with the shipped alert
+    rules (when installed; else the command that starts one), each part said as it starts
+    ─▶ the backlog: 2,000 workspace alerts over 200 workspaces, enqueued before any executor runs (so it is
+       there to see, due), each one effect in turn: an email (through the example notices; the admins of a
+       share of the workspaces unsubscribed), a signed webhook to the receiver, and an event to the stream
+       (a third each; half emails and half webhooks without nats-server)
+    ─▶ one drain run per worker (saying what each one waits for), until every action ended
     ─▶ the pickup probe: 100 emails at 20 a second, each in a lane of its own, on the idle executors
-    ─▶ summary (demo.summary) and URLs ─▶ the drain runs hand back and end, every process stopped
+    ─▶ summary (demo.summary), URLs, the drain runs' pages ─▶ the drain runs hand back and end, each one's
+       final state printed ─▶ every process stopped
 
 One run per worker. Each worker takes runs from the pool's `default` queue (where the schedule puts its
 ticks) and from a queue of its own, named after it. The demo puts one drain run in each worker's queue,
-so each replica submits exactly one run (no two workers race for a run), and it waits until every run's
-executor claims before it enqueues anything: no figure includes the start of a flow-run process. The
-relay counts these runs as any others; the schedule's first tick comes 300 s after the deployment.
+so each replica submits exactly one run (no two workers race for a run). The relay counts these runs as
+any others; the schedule's first tick comes 300 s after the deployment.
 
 What it shows while it works (demo.progress): on a terminal a spinner per step and a bar per count; sent
 to a file or a pipe, a line per step and per news, and a count's line every few seconds.
 
-The figures. The backlog's progress and its throughput share one clock, from its first enqueue to the
-moment its last action ended. Its wait (due to fence) is how long its actions queued behind one another
-in their lanes and for the executors, retries' backoffs included. The pickup is the probe's, per action
-that reached its fence in its first attempt: from when it was due (its enqueue's commit) to its fence
-(the claim, the notice prepared, the fence), on the database clock. The summary says which actions each
+The figures, on the database clock. The backlog's throughput counts from its first fence to the moment its
+last action ended: no figure includes the start of a flow-run process. Its wait is from when an action
+could be claimed (due, and the first fence made: executors running) to its fence: how long its actions
+queued behind one another in their lanes and for the executors, retries' backoffs included.
+The pickup is the probe's, per action that reached its fence in its first attempt: from when it was due
+(its enqueue's commit) to its fence (the claim, the notice prepared, the fence). The summary says which actions each
 figure counts, and the probe's outcomes stand beside the backlog's.
 
 The database. Without OUTBOX_DATABASE_URL, outbox's database is `outbox` on the embedded PostgreSQL,
@@ -55,6 +57,7 @@ import time
 import warnings
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +65,8 @@ from rich.console import Console
 from sqlalchemy import Connection, Engine, text
 from sqlalchemy.engine import make_url
 
+from demo import prometheus
+from demo.commands import outbox_command
 from demo.postgres import embedded_postgres_server, fresh_database
 from demo.progress import Count, counts, step
 from demo.stack import Stack, flaky_script
@@ -114,16 +119,17 @@ def say(text: str) -> None:
     console.print(text, soft_wrap=True, markup=False, highlight=False)
 
 
-def show_database(url: str, given: bool) -> None:
-    """Which database outbox uses, whether it was made empty, and the command that points the CLI at it."""
+def show_database(url: str, given: bool, outbox: str) -> None:
+    """Which database outbox uses, whether it was made empty, and the command that points the CLI at it
+    (`outbox` as it runs here: outbox_command)."""
     if given:
         say(f"outbox's database: {make_url(url).render_as_string(hide_password=True)} (the one given)")
         say("  kept as it was: the demo adds its actions, `outbox status` counts the earlier ones too")
-        say("  look at it: outbox status --database-url <that URL>")
+        say(f"  look at it: {outbox} status --database-url <that URL>")
         return
     say(f"outbox's database: {url}")
     say("  made empty for this run, on the demo's own PostgreSQL (local connections only, no password)")
-    say(f"  look at it while the demo runs: outbox status --database-url {shlex.quote(url)}")
+    say(f"  look at it while the demo runs: {outbox} status --database-url {shlex.quote(url)}")
 
 
 def run_demo(
@@ -145,18 +151,18 @@ def run_demo(
     with engine.begin() as conn:
         migrate.upgrade(conn)
         schema.create(conn)
-    show_database(url, given=given_url is not None)
+    outbox = outbox_command()
+    show_database(url, given_url is not None, outbox)
     workdir = data_dir / "demo"
     shutil.rmtree(workdir / "prefect", ignore_errors=True)
     stack = Stack(
         database_url=url, workdir=workdir, workers=workers, flaky=flaky, prefect_database_url=prefect_database(server)
     )
     try:
-        with step(console, "starting the SMTP sink, Prefect server, deployments, exporter and workers"):
-            stack.start()
+        with step(console, "starting the local stack (every part on 127.0.0.1, logs in the demo's folder)") as news:
+            stack.start(news)
         say(f"Prefect UI: {stack.prefect_url}")
-        runs, waited = start_executors(stack)
-        say(f"{len(runs)} executors claiming ({waited:.0f} s after their runs were created); enqueuing")
+        show_prometheus(stack, stack.start_prometheus())
         kinds = ("EMAIL", "WEBHOOK", "NATS_EVENT") if stack.nats is not None else ("EMAIL", "WEBHOOK")
         if stack.nats is None:
             say("nats-server is not installed: the backlog holds emails and webhooks only")
@@ -164,46 +170,89 @@ def run_demo(
         # then kept (the receiver fails first deliveries only: a second failure would wait 5 minutes)
         assert stack.receiver is not None
         stack.receiver.script.extend(flaky_script(flaky, -(-actions // len(kinds))))
-        workload = run_workload(engine, actions, lanes, kinds, unsubscribe, timeout)
-        print_summary(console, engine, workload, stack, runs)
-        show_urls(stack, url if given_url is None else None)
+        workload = run_workload(engine, stack, Backlog(actions, lanes, kinds, unsubscribe), timeout)
+        print_summary(console, engine, workload, stack)
+        show_urls(stack, url if given_url is None else None, outbox)
+        show_runs(stack, "drain runs now")
         if keep_running:
             say("--keep-running: the stack stays up; Ctrl-C stops it.")
             while True:
                 time.sleep(3600)
         if given_url is None:
-            say("outbox's database stops with the demo; `outbox demo --keep-running` keeps it up to look at.")
+            say(
+                "outbox's database stops with the demo; `make demo ARGS=--keep-running`"
+                f" (or `{outbox} demo --keep-running`) keeps it up to look at."
+            )
     except KeyboardInterrupt:
         say("stopping")
     finally:
-        with step(console, "the drain runs hand back and end; stopping every process the demo started"):
+        with step(console, "the drain runs hand back what they hold and end"):
+            stack.stop_drain()
+        show_runs(stack, "drain runs, as they ended")
+        with step(console, "stopping every process the demo started"):
             stack.stop()
         engine.dispose()
 
 
-def show_urls(stack: Stack, embedded_url: str | None) -> None:
+def show_prometheus(stack: Stack, command: list[str] | None) -> None:
+    """Where the shipped alert rules evaluate, or the command that starts a Prometheus to evaluate them."""
+    if command is None:
+        say(f"Prometheus: {stack.prometheus_url}/alerts (the shipped alert rules, evaluated every minute)")
+        return
+    say("Prometheus is not installed (Debian: apt-get install prometheus; `make test` installs it). To watch the")
+    say(f"  shipped alert rules evaluate against this demo: {shlex.join(command)}")
+    say(f"  then open http://127.0.0.1:{prometheus.PORT}/alerts")
+
+
+def show_runs(stack: Stack, title: str) -> None:
+    """Every drain run of this demo and its state, with its page (its live view under Artifacts, its log
+    under Logs): once the summary is out, and as they ended (the Prefect server stops with the demo)."""
+    try:
+        runs = stack.drain_runs()
+    except Exception:  # the Prefect server never started or already stopped: nothing to show
+        return
+    say(f"{title} ({len(runs)}; their logs are also in the workers' files in {stack.workdir}):")
+    for run in sorted(runs, key=lambda run: run["name"]):
+        say(f"  {run['name']}: {run['state_name']}, queue {run['work_queue_name']}, {stack.run_url(run['id'])}")
+        live = stack.live_view_url(run["id"])
+        if live is not None:
+            say(f"    its live view: {live}")
+
+
+def show_urls(stack: Stack, embedded_url: str | None, outbox: str) -> None:
     """Where to look next, one address a line (never cut: each can be copied as it is)."""
-    say(f"Prefect UI: {stack.prefect_url}")
+    say(f"Prefect UI: {stack.prefect_url} (each drain run's page: its live view under Artifacts)")
     say(f"metrics:    {stack.metrics_url}")
-    say(f"mailbox:    {stack.mailbox_url}")
-    say(f"logs:       {stack.workdir}")
+    if stack.prometheus_url:
+        say(f"alerts:     {stack.prometheus_url}/alerts")
+    say(f"mailbox:    {stack.mailbox_url} (every email the SMTP sink kept, as JSON)")
+    say(f"logs:       {stack.workdir} (one file per process, started afresh by each demo)")
     if embedded_url is not None:
-        say(f"database:   outbox status --database-url {shlex.quote(embedded_url)}")
+        say(f"database:   {outbox} status --database-url {shlex.quote(embedded_url)}")
 
 
-def start_executors(stack: Stack) -> tuple[list[str], float]:
+def start_executors(stack: Stack) -> float:
     """One drain run per worker, in the worker's own queue; wait until each one's executor claims (its
-    run is Running and tagged kind:...), saying what the runs wait for. Returns the run ids and the seconds
-    waited."""
+    run is Running and tagged kind:...), saying what the runs wait for. Returns when the first one was seen
+    claiming (time.monotonic())."""
     runs = list(stack.start_drain_per_worker().values())
     started = time.monotonic()
+    first: float | None = None
     poll = stack.env().get("PREFECT_WORKER_QUERY_SECONDS", "10")
     with step(console, f"{len(runs)} drain runs created, one per worker; waiting until each one claims") as news:
         while not all(map(claiming, found := stack.flow_runs(runs))):
+            if first is None and any(map(claiming, found)):
+                first = time.monotonic()
             refuse_stuck_runs(found, time.monotonic() - started, stack.workdir)
             news(waiting_for(found, poll))
             time.sleep(0.5)
-    return runs, time.monotonic() - started
+    last = time.monotonic()
+    first = last if first is None else first
+    say(
+        f"{len(runs)} executors claiming: the first {first - started:.0f} s after their runs were created,"
+        f" the last {last - first:.0f} s after it (a run starts a process that imports Prefect and outbox)"
+    )
+    return first
 
 
 def refuse_stuck_runs(runs: list[dict[str, Any]], waited: float, logs: Path) -> None:
@@ -232,23 +281,47 @@ def waiting_for(runs: list[dict[str, Any]], poll: str) -> str:
     return "drain runs: " + ", ".join(said)
 
 
-def run_workload(
-    engine: Engine, actions: int, lanes: int, kinds: tuple[str, ...], unsubscribe: float, timeout: float
-) -> Workload:
-    """The backlog (every action enqueued at once, the alerts taking `kinds` in turn, admins unsubscribing
-    meanwhile) until every action ended, then the pickup probe (PROBE_EMAILS at PROBE_RATE a second, on idle
-    executors) until those ended, each with its count. The throughput takes its seconds from the backlog's."""
-    alerts = make_alerts(engine, actions, lanes)
+@dataclass(frozen=True)
+class Backlog:
+    """The backlog asked for: `actions` alerts over `lanes` workspaces, taking `kinds` in turn, and the share
+    of workspaces whose admins unsubscribe."""
+
+    actions: int
+    lanes: int
+    kinds: tuple[str, ...]
+    unsubscribe: float
+
+
+def run_workload(engine: Engine, stack: Stack, asked: Backlog, timeout: float) -> Workload:
+    """The backlog, enqueued whole before any executor runs (so it is there to see, due, in `outbox status`
+    and the live views), admins of some workspaces unsubscribing; then one drain run per worker, until every
+    action ended; then the pickup probe (PROBE_EMAILS at PROBE_RATE a second, on idle executors) until those
+    ended, each with its count."""
+    alerts = make_alerts(engine, asked.actions, asked.lanes)
     probe_alerts = make_alerts(engine, PROBE_EMAILS, PROBE_EMAILS)  # each alone in a lane of its own
     with counts(console) as stage:
-        count = stage.count("backlog: actions ended since the first enqueue", actions)  # its clock starts
-        backlog = enqueue(engine, alerts, kinds)
-        unsubscribe_some(engine, backlog, unsubscribe)
-        seconds = wait_for_the_end(count, engine, backlog, timeout)
+        enqueued = stage.count("backlog: actions enqueued (no executor runs yet)", asked.actions)
+        backlog = enqueue(engine, alerts, asked.kinds, enqueued.update)
+        enqueued.finish()
+    say_unsubscribed(engine, backlog, unsubscribe_some(engine, backlog, asked.unsubscribe), asked.unsubscribe)
+    first_claim = start_executors(stack)
+    with counts(console) as stage:
+        count = stage.count("backlog: actions ended since the first executor claimed", asked.actions, first_claim)
+        wait_for_the_end(count, engine, backlog, timeout)
         probe_count = stage.count(f"pickup probe: emails enqueued at {PROBE_RATE}/s, ended", PROBE_EMAILS)
         probe = enqueue_paced(engine, probe_alerts, PROBE_RATE, lambda ids: probe_count.update(ended(engine, ids)))
         wait_for_the_end(probe_count, engine, probe, timeout)
-    return Workload(kinds, backlog, probe, PROBE_RATE, seconds)
+    return Workload(asked.kinds, backlog, probe, PROBE_RATE)
+
+
+def say_unsubscribed(engine: Engine, backlog: Ids, workspaces: list[int], share: float) -> None:
+    """How many workspaces' admins unsubscribed, and the share of the backlog's emails that makes."""
+    with engine.connect() as conn:
+        emails, theirs = conn.execute(EMAILS_OF, {**backlog.params(), "workspaces": workspaces}).one()
+    say(
+        f"admins of {len(workspaces):,} of the workspaces unsubscribed (--unsubscribe {share:g} draws whole"
+        f" workspaces): {theirs:,} of the {emails:,} alert emails will end CANCELLED / NOT_WANTED"
+    )
 
 
 WORKLOAD_TABLES = (
@@ -277,8 +350,14 @@ def make_alerts(engine: Engine, count: int, lanes: int) -> list[tuple[int, int]]
     return [(alert_id, workspace_id) for alert_id, workspace_id in rows]
 
 
-def enqueue(engine: Engine, alerts: list[tuple[int, int]], kinds: tuple[str, ...] = ("EMAIL",)) -> Ids:
-    """One effect per alert, of `kinds` in turn, in transactions of 100, as an application would."""
+def enqueue(
+    engine: Engine,
+    alerts: list[tuple[int, int]],
+    kinds: tuple[str, ...] = ("EMAIL",),
+    enqueued: Callable[[int], None] = lambda _: None,
+) -> Ids:
+    """One effect per alert, of `kinds` in turn, in transactions of 100, as an application would; after
+    each transaction, `enqueued` is given how many are enqueued so far."""
     ids: list[int] = []
     for start in range(0, len(alerts), 100):
         with engine.begin() as conn:
@@ -286,6 +365,7 @@ def enqueue(engine: Engine, alerts: list[tuple[int, int]], kinds: tuple[str, ...
                 enqueue_alert(conn, alert, kinds[(start + n) % len(kinds)])
                 for n, alert in enumerate(alerts[start : start + 100])
             ]
+        enqueued(len(ids))
     return Ids(ids[0], ids[-1])
 
 
@@ -322,9 +402,9 @@ def enqueue_alert(conn: Connection, alert: tuple[int, int], kind: str = "EMAIL")
     return enqueue_email(conn, notices.WORKSPACE_ALERT, event).id
 
 
-def unsubscribe_some(engine: Engine, backlog: Ids, share: float) -> None:
-    """While the emails go out, both admins of a share of the workspaces unsubscribe: their alerts that
-    have not gone out yet end CANCELLED / NOT_WANTED at their next attempt."""
+def unsubscribe_some(engine: Engine, backlog: Ids, share: float) -> list[int]:
+    """Both admins of a share of the backlog's workspaces unsubscribe: their alerts that have not gone out
+    yet end CANCELLED / NOT_WANTED at their next attempt. The workspaces chosen."""
     rng = random.Random(42)
     with engine.begin() as conn:
         workspaces = conn.execute(WORKSPACES, backlog.params()).scalars().all()
@@ -336,6 +416,7 @@ def unsubscribe_some(engine: Engine, backlog: Ids, share: float) -> None:
             ),
             {"chosen": chosen},
         )
+    return chosen
 
 
 def wait_for_the_end(count: Count, engine: Engine, ids: Ids, timeout: float) -> float:
@@ -345,11 +426,18 @@ def wait_for_the_end(count: Count, engine: Engine, ids: Ids, timeout: float) -> 
     total = actions(engine, ids)
     deadline = time.monotonic() + timeout
     while (done := ended(engine, ids)) < total:
-        count.update(done)
+        count.update(done, lambda: retrying(engine, ids))
         if time.monotonic() > deadline:
             raise OutboxError(f"only {done} of {total} actions ended within {timeout:.0f} s")
         time.sleep(0.2)
     return count.finish()
+
+
+def retrying(engine: Engine, ids: Ids) -> str:
+    """What the unended actions of `ids` wait for when none ended lately: their retries' backoff."""
+    with engine.connect() as conn:
+        waiting, next_in = conn.execute(RETRYING, ids.params()).one()
+    return f"{waiting:,} wait for a retry, the next in {next_in:.0f} s" if waiting else ""
 
 
 def actions(engine: Engine, ids: Ids) -> int:
@@ -364,4 +452,12 @@ def ended(engine: Engine, ids: Ids) -> int:
 
 WORKSPACES = text("SELECT DISTINCT workspace_id FROM agent_action WHERE id BETWEEN :first AND :last")
 ACTIONS = text("SELECT count(*) FROM agent_action WHERE id BETWEEN :first AND :last")
+RETRYING = text(
+    "SELECT count(*), extract(epoch FROM min(due_at) - now())::float8 FROM agent_action"
+    " WHERE id BETWEEN :first AND :last AND ended_at IS NULL AND due_at > now()"
+)
+EMAILS_OF = text(
+    "SELECT count(*), count(*) FILTER (WHERE workspace_id = ANY (:workspaces)) FROM agent_action"
+    " WHERE id BETWEEN :first AND :last AND kind = 'EMAIL'"
+)
 ENDED = text("SELECT count(*) FROM agent_action WHERE id BETWEEN :first AND :last AND ended_at IS NOT NULL")

@@ -31,7 +31,9 @@ import sys
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -40,10 +42,12 @@ from typing import Any, Literal
 import httpx
 import psutil
 
+from demo import prometheus
 from demo.nats import NATS_SERVER, NatsServer
 from demo.receiver import Receiver
 from demo.sink import Faults, SmtpSink
 from examples.accounts import events
+from flows.live import LIVE_KEY
 from outbox.executor.config import DEFAULTS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -112,6 +116,7 @@ def free_port() -> int:
 def answers(url: str) -> bool:
     try:
         with urllib.request.urlopen(url, timeout=2) as response:
+            response.read()  # the whole answer: the server never writes to a closed connection
             return bool(response.status == 200)
     except (urllib.error.URLError, ConnectionError, TimeoutError):
         return False
@@ -148,19 +153,24 @@ class Stack:
     prefect_url: str = ""
     metrics_url: str = ""
     mailbox_url: str = ""
+    # the demo's Prometheus (start_prometheus); "" when Debian's prometheus is not installed
+    prometheus_url: str = ""
     _mailbox: ThreadingHTTPServer | None = None
 
     # ---- start ------------------------------------------------------------------------------------
 
-    def start(self) -> None:
-        """Start every part and return once every worker polls its pool: a run created then is taken within
-        the poll (PREFECT_WORKER_QUERY_SECONDS, 1 s here), not after a worker's own start-up (two Python
-        processes importing Prefect: 10 s and more on two busy cores). From then to its first claim a run
+    def start(self, news: Callable[[str], None] = lambda _: None) -> None:
+        """Start every part, each one announced to `news`, and return once every worker polls its pool: a run created
+        then is taken within the poll (PREFECT_WORKER_QUERY_SECONDS, 1 s here), not after a worker's own start-up
+        (two Python processes importing Prefect: 10 s and more on two busy cores). From then to its first claim a run
         spends, on two busy cores with three runs starting at once, 0.5 s in its process starting, 4 to 6.5 s
-        importing Python and Prefect, 9 to 10 s loading the flow (outbox and SQLAlchemy's PostgreSQL
-        dialect; 1.3 s alone on a core) and 1 to 1.5 s starting its executor and claiming."""
+        importing Python and Prefect, 9 to 10 s loading the flow (outbox and SQLAlchemy's PostgreSQL dialect; 1.3 s
+        alone on a core) and 1 to 1.5 s starting its executor and claiming."""
         self.workdir = self.workdir.resolve()
         (self.workdir / "prefect").mkdir(parents=True, exist_ok=True)
+        for log in self.workdir.glob("*.log"):  # each stack's logs start empty: none holds an earlier one's lines
+            log.unlink()
+        news("the SMTP sink, the webhook receiver and nats-server")
         self.sink = SmtpSink(faults=Faults(flaky=self.flaky), seed=7).start()
         self._serve_mailbox()
         # faults on first deliveries only: a retry (5 s later) is kept, never waits the schedule's 5 minutes
@@ -171,7 +181,9 @@ class Stack:
             store.mkdir(parents=True)
             self.nats = NatsServer(store)
             self._outbox("nats", "ensure-stream", "--stream", events.STREAM, *_subjects(events.STREAM_SUBJECTS))
+        news("the Prefect server (its first start migrates its database: up to a minute)")
         self._start_prefect()
+        news(f"the work pool and {self.workers} workers")
         self._prefect("work-pool", "create", "outbox", "--type", "process", "--overwrite")
         # the workers start as soon as their pool is there: their start-up (two Python processes each, both
         # importing Prefect) overlaps the automation and the deployments being applied
@@ -180,10 +192,31 @@ class Stack:
         metrics_port = free_port()
         self._spawn("exporter", [sys.executable, "-m", "outbox.cli", "metrics", "serve", "--port", str(metrics_port)])
         self.metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
+        news("the automation and the deployments outbox-drain and outbox-purge")
         self._prefect("automation", "create", "--from-file", str(ROOT / "deploy" / "prefect-automations.yaml"))
         self._prefect("--no-prompt", "deploy", "--all", "--prefect-file", str(self.prefect_file))
         wait_until_answers(self.metrics_url, 30, "the metrics exporter")
+        news(f"waiting until the {self.workers} workers poll the pool (each imports Prefect first)")
         self.wait_for_workers(WORKERS_START_SECONDS)
+
+    def start_prometheus(self) -> list[str] | None:
+        """A Prometheus scraping the exporter with the shipped alert rules, when `prometheus` is installed
+        (then None); else the command that starts one, its configuration written."""
+        folder = self.workdir / "prometheus"
+        shutil.rmtree(folder, ignore_errors=True)  # a fresh series each demo, as the databases are
+        folder.mkdir(parents=True)
+        metrics_port = urllib.parse.urlsplit(self.metrics_url).port
+        assert metrics_port is not None  # the exporter started
+        (folder / "prometheus.yml").write_text(prometheus.config(metrics_port))
+        binary = shutil.which("prometheus")
+        port = free_port() if binary else prometheus.PORT
+        command = prometheus.command(binary or "prometheus", folder, port)
+        if binary is None:
+            return command
+        self._spawn("prometheus", command)
+        self.prometheus_url = f"http://127.0.0.1:{port}"
+        wait_until_answers(f"{self.prometheus_url}/-/ready", 60, "Prometheus")
+        return None
 
     def online_workers(self) -> set[str]:
         """The Prefect names of the pool's ONLINE workers (each has sent a heartbeat lately: it polls)."""
@@ -230,6 +263,29 @@ class Stack:
     def flow_runs(self, run_ids: list[str]) -> list[dict[str, Any]]:
         body = {"flow_runs": {"id": {"any_": run_ids}}, "limit": len(run_ids)}
         return list(self.prefect_api("POST", "/flow_runs/filter", body))
+
+    def drain_runs(self) -> list[dict[str, Any]]:
+        """Every run of the drain deployment that has left its schedule (the first ones and those that took
+        over), oldest first."""
+        deployment = self.prefect_api("GET", f"/deployments/name/{DRAIN_DEPLOYMENT}")
+        body = {
+            "flow_runs": {
+                "deployment_id": {"any_": [deployment["id"]]},
+                "state": {"type": {"not_any_": ["SCHEDULED"]}},
+            },
+            "sort": "START_TIME_ASC",
+        }
+        return list(self.prefect_api("POST", "/flow_runs/filter", body))
+
+    def run_url(self, run_id: str) -> str:
+        """A flow run's page in the Prefect UI."""
+        return f"{self.prefect_url}/runs/flow-run/{run_id}"
+
+    def live_view_url(self, run_id: str) -> str | None:
+        """The page of a drain run's live view (its artifact, refreshed while the run works), once it has one."""
+        body = {"artifacts": {"flow_run_id": {"any_": [run_id]}, "key": {"any_": [LIVE_KEY]}}}
+        found = self.prefect_api("POST", "/artifacts/filter", body)
+        return f"{self.prefect_url}/artifacts/artifact/{found[0]['id']}" if found else None
 
     def pause_drain(self) -> None:
         """Pause the outbox-drain deployment, as an operator stopping the drain would: no tick starts a run,
@@ -343,10 +399,11 @@ class Stack:
                     ],
                     indent=1,
                 ).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.end_headers()
-                self.wfile.write(body)
+                with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # a reader that left
+                    self.send_response(200)
+                    self.send_header("Content-Type", "application/json")
+                    self.end_headers()
+                    self.wfile.write(body)
 
             def log_message(self, format: str, *args: object) -> None:
                 pass

@@ -50,8 +50,6 @@ class Workload:
     probe: Ids
     # the probe's emails a second
     probe_rate: float
-    # from the backlog's first enqueue to the moment its last action ended
-    seconds: float
 
 
 @dataclass(frozen=True)
@@ -85,25 +83,45 @@ FENCES = text("""
       FROM agent_action
      WHERE id BETWEEN :first AND :last
 """)
-# from when each action was due (its enqueue's commit, or its retry's time) to its last fence, on the
-# database clock; with first_only, the actions fenced in their first attempt only
+# from when each action could be claimed to its last fence, on the database clock: when it was due (its
+# enqueue's commit, or its retry's time), or with from_first_fence, the part's first fence if that came later
+# (the backlog is enqueued before the executors start); with first_only, the actions fenced in their first
+# attempt only
 WAIT = text("""
-    SELECT percentile_cont(ARRAY[0.5, 0.95, 0.99]) WITHIN GROUP
-               (ORDER BY extract(epoch FROM write_started_at - due_at))
-      FROM agent_action
-     WHERE id BETWEEN :first AND :last AND write_started_at IS NOT NULL AND (attempt = 1 OR NOT :first_only)
+    WITH part AS (SELECT * FROM agent_action WHERE id BETWEEN :first AND :last),
+         start AS (SELECT min(write_started_at) AS first_fence FROM part)
+    SELECT percentile_cont(ARRAY[0.5, 0.95, 0.99]) WITHIN GROUP (ORDER BY extract(epoch FROM write_started_at
+               - CASE WHEN :from_first_fence THEN greatest(due_at, first_fence) ELSE due_at END))
+      FROM part CROSS JOIN start
+     WHERE write_started_at IS NOT NULL AND (attempt = 1 OR NOT :first_only)
 """)
+# the backlog's drain on the database clock: from its first fence to its last end
+DRAIN_SECONDS = text("""
+    SELECT extract(epoch FROM max(ended_at) - min(write_started_at))::float8
+      FROM agent_action WHERE id BETWEEN :first AND :last
+""")
+# what the figures' names mean, printed under the table
+NOTES = (
+    "backlog throughput: its actions, every one due at once before the executors started, over the",
+    "  seconds from its first fence (the last check before a provider is called) to its last action's end",
+    "backlog wait: from when an action could be claimed (due, with executors running) to its fence:",
+    "  how long it queued behind its lane's earlier actions and for a free executor, retries' backoff included",
+    "pickup: the same for the probe's emails, each alone in its lane on idle executors: how soon outbox",
+    "  starts an effect once its transaction commits",
+)
 
 
-def print_summary(console: Console, engine: Engine, workload: Workload, stack: Stack, runs: list[str]) -> None:
+def print_summary(console: Console, engine: Engine, workload: Workload, stack: Stack) -> None:
     with engine.connect() as conn:
         parts = {"backlog": workload.backlog, "probe": workload.probe}
         outcomes = {
             part: [Outcome(*row) for row in conn.execute(OUTCOMES, ids.params())] for part, ids in parts.items()
         }
-        figures = figures_table(conn, workload, outcomes, stack, runs)
+        figures = figures_table(conn, workload, outcomes, stack)
     print_table(console, outcomes_table(outcomes))
     print_table(console, figures)
+    for note in NOTES:
+        console.print(note, soft_wrap=True, markup=False, highlight=False)
 
 
 def print_table(console: Console, table: Table) -> None:
@@ -127,19 +145,17 @@ def outcomes_table(outcomes: dict[str, list[Outcome]]) -> Table:
     return table
 
 
-def figures_table(
-    conn: Connection, workload: Workload, outcomes: dict[str, list[Outcome]], stack: Stack, runs: list[str]
-) -> Table:
-    table = Table(title="figures, and what each one counts", show_header=False)
-    for name, value in [
-        *wait_rows(conn, workload),
-        *effect_rows(outcomes, stack),
-        *((f"drain run {n}", name) for n, name in enumerate(sorted(r["name"] for r in stack.flow_runs(runs)), 1)),
-    ]:
+def figures_table(conn: Connection, workload: Workload, outcomes: dict[str, list[Outcome]], stack: Stack) -> Table:
+    table = Table(title="figures, and what each one counts (the terms below the table)", show_header=False)
+    for name, value in [*wait_rows(conn, workload), *effect_rows(outcomes, stack)]:
         table.add_row(name, value)
     urls = {"Prefect UI": stack.prefect_url, "metrics": stack.metrics_url, "mailbox": stack.mailbox_url}
+    if stack.prometheus_url:
+        urls["Prometheus"] = f"{stack.prometheus_url}/-/ready"
     silent = [name for name, url in urls.items() if not answers(url)]
-    table.add_row("answering", "NOT " + ", ".join(silent) if silent else ", ".join(urls))
+    up = [name for name in urls if name not in silent]
+    not_up = f"; NOT answering: {', '.join(silent)}" if silent else ""
+    table.add_row("servers up (URLs below)", ", ".join(up) + not_up)
     return table
 
 
@@ -147,13 +163,17 @@ def wait_rows(conn: Connection, workload: Workload) -> list[tuple[str, str]]:
     """The backlog's throughput and wait, the probe's pickup, and which actions each one counts."""
     backlog = Fences(*conn.execute(FENCES, workload.backlog.params()).one())
     probe = Fences(*conn.execute(FENCES, workload.probe.params()).one())
-    rate = backlog.total / workload.seconds
+    seconds = conn.execute(DRAIN_SECONDS, workload.backlog.params()).scalar_one() or 0.0
+    rate = f"{backlog.total / seconds:,.0f} actions/s" if seconds > 0 else "-"
     before = f": {backlog.none:,} ended before a fence" if backlog.none else ""
     return [
-        ("backlog throughput", f"{rate:,.0f} actions/s: {backlog.total:,} in {workload.seconds:.1f} s"),
-        ("backlog wait p50/p95/p99", _quantiles(conn, workload.backlog, first_only=False)),
+        ("backlog throughput", f"{rate}: {backlog.total:,} in {seconds:.1f} s"),
+        ("backlog wait p50/p95/p99", _quantiles(conn, workload.backlog, first_only=False, from_first_fence=True)),
         ("  measured over", f"{backlog.first + backlog.later:,} of {backlog.total:,}{before}"),
-        (f"pickup p50/p95/p99 ({workload.probe_rate:g}/s)", _quantiles(conn, workload.probe, first_only=True)),
+        (
+            f"pickup p50/p95/p99 ({workload.probe_rate:g}/s)",
+            _quantiles(conn, workload.probe, first_only=True, from_first_fence=False),
+        ),
         ("  measured over", f"{probe.first:,} of {probe.total:,}: first attempts{_others(probe)}"),
     ]
 
@@ -181,8 +201,9 @@ def effect_rows(outcomes: dict[str, list[Outcome]], stack: Stack) -> list[tuple[
     return rows
 
 
-def _quantiles(conn: Connection, ids: Ids, *, first_only: bool) -> str:
-    quantiles = conn.execute(WAIT, {**ids.params(), "first_only": first_only}).scalar_one()
+def _quantiles(conn: Connection, ids: Ids, *, first_only: bool, from_first_fence: bool) -> str:
+    params = {**ids.params(), "first_only": first_only, "from_first_fence": from_first_fence}
+    quantiles = conn.execute(WAIT, params).scalar_one()
     if quantiles is None:
         return "-"
     return " / ".join(f"{1000 * q:,.1f}" for q in quantiles) + " ms"

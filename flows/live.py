@@ -23,6 +23,7 @@ warning says why, and the next one tries again.
 from __future__ import annotations
 
 import asyncio
+import logging
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -31,12 +32,14 @@ from uuid import UUID
 from prefect.artifacts import acreate_markdown_artifact
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.actions import ArtifactUpdate
+from prefect.logging.handlers import PrefectConsoleHandler
 from sqlalchemy import Connection
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from outbox.executor import Executor
 from outbox.executor.outcomes import Outcomes
 from outbox.ops import Lane, Status, lanes, status
+from outbox.store.metrics import READ_ONLY_SNAPSHOT
 
 # how often the live artifact is refreshed in place (the first refresh comes when the executor claims)
 LIVE_SECONDS = 30.0
@@ -126,13 +129,26 @@ def _age(backlog: Status) -> str:
 
 
 def read_view(conn: Connection, outcomes: Outcomes) -> LiveView:
-    """The view now: the executor's attempts so far, and the backlog as `outbox status` counts it."""
+    """The view now: the executor's attempts so far, and the backlog as `outbox status` counts it, every
+    figure from one snapshot (read separately, the due actions and their lane heads could come from two
+    moments, and what waits behind the heads read negative)."""
+    conn.execute(READ_ONLY_SNAPSHOT)
     attempts = dict(outcomes.attempts)
     return LiveView(datetime.now(UTC), attempts, status(conn), lanes(conn, DEEPEST).deepest)
 
 
+def lane_keys_printed_as_they_are() -> None:
+    """Prefect's console handler prints through rich, which reads `:name:` as an emoji code: the lane
+    `workspace:100:webhook` would print as `workspace💯webhook` in the worker's output. Its console in this
+    process stops reading emoji codes; what it highlights and how is unchanged."""
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, PrefectConsoleHandler):
+            handler.console._emoji = False  # rich keeps Console(emoji=...) there; it has no setter
+
+
 async def show_live(executor: Executor, engine: AsyncEngine, logger: Any) -> None:
     """Refresh the run's live view from the executor's first claim until cancelled (the run ends)."""
+    lane_keys_printed_as_they_are()
     await executor.claiming.wait()
     loop = asyncio.get_running_loop()
     artifact: UUID | None = None

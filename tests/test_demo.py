@@ -16,6 +16,8 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.parse
+import urllib.request
 from collections import Counter
 from pathlib import Path
 from typing import IO
@@ -63,14 +65,20 @@ class Lines:
         return next(at for at, line in self.arrived if text in line)
 
 
+EARLIER_LOG_LINE = "a line an earlier demo's worker wrote"
+
+
 def leave_an_earlier_run(data: Path) -> None:
-    """What an earlier demo left in its database `outbox`: a table the next run must not find."""
+    """What an earlier demo left in its database `outbox` (a table) and in its logs (a line): the next run
+    must find neither."""
     server = embedded_postgres_server(data)
     engine = sync_engine(fresh_database(server, "outbox"))
     with engine.begin() as conn:
         conn.execute(text("CREATE TABLE earlier_run (id int)"))
     engine.dispose()
     server.cleanup()  # stops the server, keeps its data
+    (data / "demo").mkdir()
+    (data / "demo" / "worker-1.log").write_text(EARLIER_LOG_LINE + "\n")
 
 
 def test_the_demo_prints_its_database_and_figures_that_add_up_against_it(tmp_path: Path) -> None:
@@ -98,17 +106,34 @@ def test_the_demo_prints_its_database_and_figures_that_add_up_against_it(tmp_pat
         url = lines.text().partition("outbox's database: ")[2].partition("\n")[0]
         check_the_command_it_prints(lines.text(), url, env)
         check_the_figures_against_the_database(lines.text(), url)
+        check_the_alert_rules(lines.text())
     finally:
         demo.send_signal(signal.SIGINT)  # Ctrl-C
         demo.wait(300)
     output = lines.text()
     assert demo.returncode == 0, output[-4000:]
     assert "RuntimeDirWarning" not in output and "XDG_RUNTIME_DIR" not in output, output[:2000]
+    assert "Traceback" not in output, output[-4000:]  # nothing of the demo's own fails as it stops either
+
+    # the backlog is there, due, before any executor runs; the unsubscribed share is the one that ended so
+    assert lines.when("backlog: actions enqueued") < lines.when(f"{WORKERS} executors claiming: the first"), output
+    unsubscribed = re.search(r"(\d+) of the (\d+) alert emails will end CANCELLED / NOT_WANTED$", output, re.M)
+    ended_as = outcomes(output)
+    not_wanted = sum(n for part, _, _, reason, n in ended_as if part == "backlog" and reason == "NOT_WANTED")
+    emails = sum(n for part, kind, _, _, n in ended_as if part == "backlog" and kind == "EMAIL")
+    assert unsubscribed and (int(unsubscribed[1]), int(unsubscribed[2])) == (not_wanted, emails), output
+
+    # how every drain run ended, after the stack stopped: each one's page, Completed
+    ended = output.partition("drain runs, as they ended")[2].splitlines()[1:]
+    finals = [line for line in ended if line.startswith("  ") and not line.startswith("    ")]
+    assert len(finals) >= WORKERS and all(": Completed, queue " in line for line in finals), output[-3000:]
+    for n in range(1, WORKERS + 1):
+        assert any(line.startswith(f"  outbox-worker-{n} ") for line in finals), finals
 
     # it showed its progress as it went: the stack's start long before the summary, and what the runs did
-    assert lines.when("every action of this run") - lines.when("starting the SMTP sink") > 10, output[:3000]
+    assert lines.when("every action of this run") - lines.when("starting the local stack") > 10, output[:3000]
     assert re.search(r"^drain runs: .*; \d+ s so far$", output, re.MULTILINE), output[:3000]
-    assert f"{WORKERS} executors claiming" in output
+    assert re.search(r"^the Prefect server .*; \d+ s so far$", output, re.MULTILINE), output[:3000]
 
     # the summary, sent to a pipe: every row on one line, within 80 columns
     table = [line for line in output.splitlines() if TABLE_LINE.match(line)]
@@ -123,6 +148,11 @@ def test_the_demo_prints_its_database_and_figures_that_add_up_against_it(tmp_pat
     assert {log.name for log in logs} >= {"prefect-server.log", "exporter.log", "worker-1.log", "log"}
     with_traceback = [log.name for log in logs if "Traceback" in log.read_text(errors="replace")]
     assert not with_traceback, with_traceback
+    assert EARLIER_LOG_LINE not in (workdir / "worker-1.log").read_text()
+    live_lines = [
+        line for n in range(1, WORKERS + 1) for line in (workdir / f"worker-{n}.log").read_text().splitlines()
+    ]
+    assert not any("waiting behind lane heads -" in line for line in live_lines), live_lines
 
 
 def check_the_command_it_prints(output: str, url: str, env: dict[str, str]) -> None:
@@ -130,9 +160,9 @@ def check_the_command_it_prints(output: str, url: str, env: dict[str, str]) -> N
     assert url.startswith("postgresql://postgres@/outbox?host="), output[:2000]
     assert "made empty for this run" in output
     printed = output.partition("look at it while the demo runs: ")[2].partition("\n")[0]
-    assert shlex.split(printed) == ["outbox", "status", "--database-url", url], printed
-    status = subprocess.run(
-        [sys.executable, "-m", "outbox.cli", *shlex.split(printed)[1:], "--json"],
+    assert shlex.split(printed)[1:] == ["status", "--database-url", url], printed
+    status = subprocess.run(  # as printed: `outbox` runs here, on PATH or not
+        [*shlex.split(printed), "--json"],
         env=env,
         capture_output=True,
         text=True,
@@ -147,6 +177,27 @@ def check_the_command_it_prints(output: str, url: str, env: dict[str, str]) -> N
         if state == "UNCERTAIN":
             in_the_table[(kind, reason)] += count
     assert uncertain == dict(in_the_table), (uncertain, in_the_table)
+
+
+def check_the_alert_rules(output: str) -> None:
+    """The demo's Prometheus scrapes its exporter and loaded the shipped rules; without `prometheus` installed,
+    the command printed starts one that would: its configuration names the demo's exporter and those rules."""
+    metrics = output.partition("metrics:    ")[2].partition("\n")[0]
+    exporter = urllib.parse.urlsplit(metrics).netloc
+    if shutil.which("prometheus") is None:
+        command = output.partition("alert rules evaluate against this demo: ")[2].partition("\n")[0]
+        config = json.loads(Path(shlex.split(command)[1].partition("=")[2]).read_text())
+        assert config["scrape_configs"][0]["static_configs"][0]["targets"] == [exporter], config
+        assert Path(config["rule_files"][0]).samefile(ROOT / "deploy" / "prometheus" / "outbox-rules.yml"), config
+        return
+    alerts = output.partition("alerts:     ")[2].partition("\n")[0]
+    prometheus = alerts.removesuffix("/alerts")
+    with urllib.request.urlopen(f"{prometheus}/api/v1/rules", timeout=10) as answer:
+        groups = json.load(answer)["data"]["groups"]
+    assert any(rule["name"] == "OutboxExecutorsDown" for group in groups for rule in group["rules"]), groups
+    with urllib.request.urlopen(f"{prometheus}/api/v1/targets", timeout=10) as answer:
+        targets = json.load(answer)["data"]["activeTargets"]
+    assert [target["discoveredLabels"]["__address__"] for target in targets] == [exporter], targets
 
 
 def check_the_figures_against_the_database(output: str, url: str) -> None:
@@ -167,6 +218,12 @@ def check_the_figures_against_the_database(output: str, url: str) -> None:
                   FROM agent_action GROUP BY 1 ORDER BY 1"""),
                 {"backlog": ACTIONS},
             ).all()
+            drained = conn.execute(
+                text("""
+                SELECT extract(epoch FROM max(ended_at) - min(write_started_at))::float8 FROM agent_action
+                 WHERE id <= (SELECT min(id) + :backlog - 1 FROM agent_action)"""),
+                {"backlog": ACTIONS},
+            ).scalar_one()
     finally:
         engine.dispose()
     table = outcomes(output)
@@ -187,11 +244,9 @@ def check_the_figures_against_the_database(output: str, url: str) -> None:
     pickup = re.fullmatch(r"([\d,.]+) / ([\d,.]+) / ([\d,.]+) ms", rows["pickup p50/p95/p99 (20/s)"][0])
     assert pickup and float(pickup[1].replace(",", "")) < 2000, rows  # generous on a shared 2-core machine
 
-    # the backlog's progress and its throughput share one clock
-    (seconds,) = re.findall(
-        rf"^backlog: actions ended since the first enqueue: {ACTIONS} of {ACTIONS}, in ([\d.]+) s$", output, re.M
-    )
-    assert re.fullmatch(rf"[\d,]+ actions/s: {ACTIONS} in {seconds} s", rows["backlog throughput"][0]), rows
+    # the backlog's throughput: from its first fence to its last end, on the database clock
+    assert f"{drained:.1f}" in rows["backlog throughput"][0], (drained, rows)
+    assert re.fullmatch(rf"[\d,]+ actions/s: {ACTIONS} in [\d.]+ s", rows["backlog throughput"][0]), rows
 
     # every effect at its provider against the actions' outcomes
     emails = {
@@ -206,10 +261,8 @@ def check_the_figures_against_the_database(output: str, url: str) -> None:
     assert int(webhooks[2]) - int(webhooks[1]) == int(webhooks[3]), rows
     events = summed[("NATS_EVENT", "DONE", "CONFIRMED")]
     assert events == ACTIONS // 3 and rows["events in the stream"] == [f"{events} ({events} distinct Nats-Msg-Id)"]
-    assert [rows[f"drain run {n}"][0].split()[0] for n in range(1, WORKERS + 1)] == [
-        f"outbox-worker-{n}" for n in range(1, WORKERS + 1)
-    ], rows
-    assert rows["answering"] == ["Prefect UI, metrics, mailbox"], rows
+    servers = "Prefect UI, metrics, mailbox" + (", Prometheus" if shutil.which("prometheus") else "")
+    assert rows["servers up (URLs below)"] == [servers], rows
 
 
 def cells_of(line: str) -> list[str]:

@@ -31,14 +31,19 @@ def demo(
         2000,
         min=1,
         max=1_000_000,
-        help="Actions of the backlog, enqueued at once: workspace alerts as emails, webhooks and (with"
-        " nats-server installed) events, a share each.",
+        help="Actions of the backlog, enqueued before any executor runs: workspace alerts as emails, webhooks"
+        " and (with nats-server installed) events, a share each.",
     ),
     lanes: int = typer.Option(200, min=1, max=100_000, help="Workspaces, each one lane of alerts."),
     workers: int = typer.Option(3, min=1, max=32, help="Prefect worker replicas."),
     flaky: float = typer.Option(0.1, min=0, max=1, callback=finite, help="Share of deliveries the SMTP sink fails."),
     unsubscribe: float = typer.Option(
-        0.05, min=0, max=1, callback=finite, help="Share of workspaces whose admins unsubscribe while it runs."
+        0.05,
+        min=0,
+        max=1,
+        callback=finite,
+        help="Share of workspaces whose admins unsubscribe (drawn by workspace: with few --lanes, one workspace"
+        " is a large share of the emails).",
     ),
     timeout: float = typer.Option(900, min=1, max=86_400, callback=finite, help="Give up after this many seconds."),
     keep_running: bool = typer.Option(False, "--keep-running", help="Leave the stack up until Ctrl-C."),
