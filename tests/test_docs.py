@@ -223,7 +223,8 @@ def test_the_retention_example_runs(engine: Engine) -> None:
 
 FENCE = re.compile(r"^```.*?^```", re.S | re.M)
 INLINE_CODE = re.compile(r"`[^`\n]*`")
-LINK = re.compile(r"(?<!!)\[[^\]\n]*\]\(([^)\s]+)\)")
+# a link, or an image (`![...](...)`: its path must resolve as well)
+LINK = re.compile(r"\[[^\]\n]*\]\(([^)\s]+)\)")
 
 
 def prose(page: Path) -> str:
