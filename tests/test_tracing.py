@@ -431,6 +431,27 @@ async def test_a_webhooks_post_span_follows_the_http_conventions_and_each_attemp
         assert QUERY_TOKEN not in span.to_json() and "url.full" not in (span.attributes or {})
 
 
+async def test_a_post_that_reached_no_receiver_is_an_error_named_by_its_class(
+    ended: InMemorySpanExporter, aengine: AsyncEngine, receiver: WebhookReceiver
+) -> None:
+    sampled = SpanContext(0x4BF92F3577B34DA6A3CE929D0E0E4736, 0x00F067AA0BA902B7, True, TraceFlags(0x03))
+    action_id = await enqueue_order(aengine, 4, sampled)
+    receiver.stop()  # its port now refuses connections
+    adapters = collector_adapters(aengine)
+    await drain(aengine, adapters)
+    for adapter in adapters:
+        await adapter.aclose()
+    attempts = attempts_of(ended, action_id)
+    assert [a.attributes["outbox.result"] for a in attempts] == ["RETRY", "RETRY", "RETRY"]
+    assert {a.attributes["outbox.reason"] for a in attempts} == {"connect: ConnectError; nothing was sent"}
+    assert attempts[-1].attributes["outbox.stop_reason"] == "ATTEMPTS_EXHAUSTED"
+    assert attempts[-1].status.status_code is StatusCode.ERROR
+    for attempt in attempts:
+        [post] = children_of(ended, attempt)
+        assert post.attributes["error.type"] == "ConnectError" and post.status.status_code is StatusCode.ERROR
+        assert "http.response.status_code" not in post.attributes
+
+
 async def test_the_executor_follows_the_stored_sampling_decision(
     ended: InMemorySpanExporter, aengine: AsyncEngine, receiver: WebhookReceiver
 ) -> None:
