@@ -25,6 +25,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from outbox import ActionRequest, enqueue
 from outbox.db import conninfo
+from outbox.destinations import destinations
 from outbox.executor import ActionAttempt, Executor, Result, SlowDown
 from outbox.executor.attempt import DestinationWaits
 from outbox.executor.claimed import ClaimedAction
@@ -34,11 +35,14 @@ from outbox.executor.outcomes import Outcomes
 from outbox.executor.pacing import (
     DECREASE,
     GATE_WAIT_SECONDS,
+    IDLE_SECONDS,
     LEVELLED,
     MEASURE_FLOOR_SECONDS,
     MIN_ACCEPTED,
     PACE,
     PAUSE_BASE_SECONDS,
+    RECENT_SHARE,
+    RECENT_SPAN_SECONDS,
     RETURN_SECONDS,
     SETTLE_SECONDS,
     SLOW_DOWN,
@@ -546,6 +550,30 @@ def test_a_slow_down_in_a_row_takes_a_pace_from_as_few_as_one_accepted(engine: E
     assert destination(engine).slow_downs == 2
 
 
+def test_a_first_pace_in_a_row_is_not_far_below_what_the_provider_accepted_in_the_last_seconds(
+    engine: Engine,
+) -> None:
+    """A third slow-down in a row at a cold start, no pace yet: the refusal that paused the destination came 4.4 s
+    ago (its pause had doubled to 2 s), and of the twenty emails the provider accepted in the last second only five
+    were sent since it (the executors waited the pause; the others were in flight before it). Those five over the
+    4.4 s since the refusal measure 1.1 a second against a provider that takes twenty: the first pace is not
+    below RECENT_SHARE of what it accepted over the last seconds (here RECENT_SPAN_SECONDS: they ended together)."""
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO agent_destination (name, kind, paused_until, paused_by, slow_downs, slowed_at)"
+                " VALUES ('test_noop', 'TEST_NOOP', now(), 'provider', 2, now() - interval '4.4 s')"
+            )
+        )
+    accepted_just_now(engine, 20, [4.6] * 15 + [0.3] * 5)
+    with engine.begin() as conn:  # they ended before the pause did: the slow-down is in a row
+        conn.execute(text("UPDATE agent_destination SET paused_until = now()"))
+    slowed = slow_down(engine)
+    assert destination(engine).slow_downs == 3
+    floor = RECENT_SHARE * 20 / RECENT_SPAN_SECONDS
+    assert floor * 0.98 <= slowed.pace <= 20
+
+
 def test_a_first_pace_measures_what_the_provider_accepted_since_it_last_refused(engine: Engine) -> None:
     """No pace yet; the provider refused a second ago (its bucket empty then) and the pause is over. It accepted
     forty sent before that refusal (its saved-up bucket, not its rate) and ten sent since: the first pace is
@@ -608,15 +636,16 @@ def test_a_lowered_pace_climbs_back_in_return_seconds_levels_then_rises_to_its_c
     engine: Engine, lowered: float
 ) -> None:
     """The pace `t` seconds after it was lowered to `lowered` (from `lowered / DECREASE`), every half second
-    over a minute, as the claim reads it: the same curve at 1, 10 and 100 a second, so a cycle of slow-downs
-    lasts about as long whatever the provider's limit."""
+    over a minute, its attempts taking their turns all along (the last just now), as the claim reads it: the
+    same curve at 1, 10 and 100 a second, so a cycle of slow-downs lasts about as long whatever the provider's
+    limit."""
     with engine.connect() as conn:
         curve = dict(
             conn.execute(
                 text(
                     "SELECT s.t::float8, " + PACE_NOW.format(t="d") + " FROM generate_series(0, 60, 0.5) AS s (t)"
                     " CROSS JOIN LATERAL (SELECT CAST(:lowered AS float8) AS pace,"
-                    " now() - make_interval(secs => s.t) AS pace_at) AS d"
+                    " now() - make_interval(secs => s.t) AS pace_at, now() AS send_tokens_at) AS d"
                 ),
                 PACE | {"lowered": lowered},
             ).all()
@@ -628,6 +657,41 @@ def test_a_lowered_pace_climbs_back_in_return_seconds_levels_then_rises_to_its_c
     assert all(abs(curve[t] - level) <= 0.01 * level for t in (3.0, 4.0, 6.0, 7.0))  # level below where it was
     assert curve[2 * RETURN_SECONDS] == pytest.approx(2 * level - lowered)  # above it, as fast as it came back
     assert curve[60.0] == pytest.approx(2 * lowered + 1)  # the ceiling
+
+
+def test_an_idle_pace_holds_and_starts_its_curve_again_from_there_when_used(engine: Engine) -> None:
+    """A pace lowered to 10 a second a minute ago, its attempts' last turn taken 8 s after (they had drained the
+    backlog, and took none since): past its level it rose only while it was used, 8 - RETURN_SECONDS seconds,
+    and holds there, below its ceiling of 21 that the time since the lowering alone gives. The next turn starts
+    its curve again from where it held, levelled: the pace is the same, and rises again from there."""
+    used = 8.0
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO agent_destination (name, kind, pace, pace_at, send_tokens, send_tokens_at)"
+                " VALUES ('test_noop', 'TEST_NOOP', 10, now() - interval '60 s', 0,"
+                " now() - interval '60 s' + make_interval(secs => :used))"
+            ),
+            {"used": used},
+        )
+    x = (used + IDLE_SECONDS - RETURN_SECONDS) / RETURN_SECONDS
+    held = 10 * (LEVELLED + (LEVELLED - 1) * x**3)
+    with engine.connect() as conn:
+        assert only_destination(conn).pace == pytest.approx(held, rel=0.01)  # as the gauge and the CLI read it
+    turn = run(with_store(engine, lambda store: store.take_send_token("test_noop", PACE | {"gate_wait": 10.0})))
+    assert turn.wait_seconds == 0 and not turn.paused
+    with engine.connect() as conn:
+        restarted = conn.execute(
+            text("SELECT pace, extract(epoch FROM now() - pace_at)::float8 AS since FROM agent_destination")
+        ).one()
+        assert only_destination(conn).pace == pytest.approx(held, rel=0.01)
+    assert restarted.pace == pytest.approx(held / LEVELLED, rel=0.01)
+    assert RETURN_SECONDS <= restarted.since < RETURN_SECONDS + 5
+
+
+def only_destination(conn: Any) -> Any:
+    (found,) = destinations(conn)
+    return found
 
 
 @pytest.mark.parametrize(("due", "restarted"), [(20, True), (1, False)])

@@ -29,6 +29,14 @@ pause alone (at a cold start most attempts are still in flight). A slow-down in 
 measure of the last seconds from as few as one: without a pace every executor claims its whole concurrency again when
 a pause ends, the provider refuses the first of those before the ones it accepted have ended, and the pause doubled to
 minutes with the backlog waiting. Only a provider that accepted nothing sent in those seconds keeps the pause alone.
+A pace lowered in a row, and a first pace not measured from the refusal (fewer than MIN_ACCEPTED sent since it, or in
+a row), is never below RECENT_SHARE of what the provider accepted over the last RECENT_SECONDS, a second since the first
+of them ended (over at least RECENT_SPAN_SECONDS): in a row the pause has doubled, the seconds since the refusal hold
+the pause itself and the last seconds little that was sent, and a first pace measured from them once set 1.1 a second
+against a relay of 20, which then fed it a tenth of its rate for most of a minute while the pace climbed. Over any span
+a provider accepts at most its burst and its rate, so half of that over a second or more is at most its rate when its
+burst is at most a second's worth (a larger burst lifts the floor for the seconds it stays in the window, and the
+refusals in a row then keep pausing the destination until it has left it).
 From there the pace climbs in RETURN_SECONDS to LEVEL of where it was slowed down (`pace * LEVELLED`, LEVELLED = LEVEL
 / DECREASE), levels off there, then rises above it ever faster (a cubic of the time since it was lowered, to at most
 twice itself and one more), so it finds the provider's limit again: multiplicative decrease, and an increase whose
@@ -39,9 +47,13 @@ vary). A rise by a fixed number of attempts a second, a second, would overrun a 
 of each slow-down (a cycle accepts about L^2 / 5 attempts at a limit of L a second with 0.5 a second, a second: the
 refusals grow as the limit falls), and one by a share of the pace would take minutes to climb from a pace measured too
 low. A pace at its ceiling whose tokens the executors use up (they keep up with it, and the provider still accepts)
-starts its curve again from there, levelled: a pace measured far too low grows 1.9 times every 2.6 * RETURN_SECONDS. A
-pace neither lowered nor restarted for PACE_HOLD_SECONDS is over; the destination is open again. With a configured
-rate the lower of the two holds.
+starts its curve again from there, levelled: a pace measured far too low grows 1.9 times every 2.6 * RETURN_SECONDS.
+Above its level a pace rises only while it is used: its curve's time stops IDLE_SECONDS (or two tokens of the pace as
+lowered, when longer) after its attempts' last turn, so a pace whose backlog drained holds where it was instead of
+rising to its ceiling, above the provider's limit, for the next backlog to meet with a run of refusals; the next turn
+starts its curve again from there, levelled. (The climb back to the level is not held: the level is below a pace the
+provider refused.) A pace neither lowered nor restarted for PACE_HOLD_SECONDS is over; the destination is open again.
+With a configured rate the lower of the two holds.
 
 Turns. The claim takes a paced destination's heads as its token bucket allows, which bounds what is in flight; the
 attempts then reach the provider at their own speed (a notice's query, a connection), and on a busy machine those
@@ -81,6 +93,10 @@ MIN_PACE = 0.1
 SETTLE_SECONDS = 1.0
 RETURN_SECONDS = 5.0
 PACE_HOLD_SECONDS = 600.0
+IDLE_SECONDS = 1.0
+RECENT_SECONDS = 10.0
+RECENT_SPAN_SECONDS = 1.0
+RECENT_SHARE = 0.5
 
 BREAK_FAILURES = 5
 GATE_WAIT_SECONDS = 10.0
@@ -93,6 +109,7 @@ PACE = {
     "return_seconds": RETURN_SECONDS,
     "pace_hold": PACE_HOLD_SECONDS,
     "burst_seconds": BURST_SECONDS,
+    "idle": IDLE_SECONDS,
 }
 SLOW_DOWN = PACE | {
     "base": PAUSE_BASE_SECONDS,
@@ -100,6 +117,9 @@ SLOW_DOWN = PACE | {
     "measure": MEASURE_SECONDS,
     "measure_floor": MEASURE_FLOOR_SECONDS,
     "min_accepted": MIN_ACCEPTED,
+    "recent": RECENT_SECONDS,
+    "recent_span": RECENT_SPAN_SECONDS,
+    "recent_share": RECENT_SHARE,
     "min_pause": MIN_PAUSE_SECONDS,
     "min_pace": MIN_PACE,
     "settle": SETTLE_SECONDS,

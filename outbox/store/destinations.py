@@ -54,15 +54,22 @@ _SECONDS_UNTIL = "(extract(epoch FROM {t}) - extract(epoch FROM now()))"
 # A time as epoch seconds (float8), to compare as it was read
 _EPOCH = "extract(epoch FROM {t})::float8"
 
+# Until when a pace counts as used: its attempts' last turn (`send_tokens_at`, or a pause's start) and `:idle`
+# seconds, or two tokens of the pace as lowered when longer
+_USED_UNTIL = "{t}.send_tokens_at + make_interval(secs => greatest(:idle, 2 / {t}.pace))"
+
 # The pace now, a cubic of the seconds t since it was lowered: from the pace as lowered (t = 0) to its level
 # (`pace * :levelled`, below where it was slowed down) at t = `:return_seconds`, level there, then rising above
 # it ever faster (the same curve mirrored), to at most twice itself and one more (a pace far above what the
 # executors reach would only find the limit again by a run of refusals); a pace unlowered for `:pace_hold` seconds
-# is over (null).
-_PACE_NOW = """CASE WHEN {t}.pace IS NULL OR now() - {t}.pace_at > make_interval(secs => :pace_hold) THEN NULL
-     ELSE least(2 * {t}.pace + 1,
-                {t}.pace * (:levelled + (:levelled - 1)
-                    * ((extract(epoch FROM now() - {t}.pace_at) - :return_seconds) / :return_seconds) ^ 3)) END"""
+# is over (null). Above its level t counts only while the pace is used (_USED_UNTIL): an idle pace holds where
+# it was (TAKE_SEND_TOKEN starts its curve again from there when it is used again).
+_PACE_NOW = f"""CASE WHEN {{t}}.pace IS NULL OR now() - {{t}}.pace_at > make_interval(secs => :pace_hold) THEN NULL
+     ELSE least(2 * {{t}}.pace + 1,
+                {{t}}.pace * (:levelled + (:levelled - 1)
+                    * ((extract(epoch FROM least(now(), greatest({{t}}.pace_at + make_interval(secs => :return_seconds),
+                                                               coalesce({_USED_UNTIL}, now()))) - {{t}}.pace_at)
+                        - :return_seconds) / :return_seconds) ^ 3)) END"""
 
 # A destination's per-second allowance (`{t}` its row with `pace_now`): its rate or its pace, whichever is lower
 _PER_SECOND = "least(coalesce({t}.rate, 'infinity'), coalesce({pace_now}, 'infinity'))"
@@ -146,12 +153,17 @@ SELECT c.*,
 # off, until no attempt's turn came within `:gate_wait` and the destination sent nothing). The bucket refills at
 # the rate or the pace, whichever is lower, and holds as much as the claim's; it starts full, and again from empty
 # at each pause a provider asks for (`slowed_at`, returned with the turn: the turns given before it are void). An
-# open destination (no rate, no pace) never waits.
+# open destination (no rate, no pace) never waits. A turn taken after the pace was left idle above its level
+# (_USED_UNTIL passed) starts its curve again from where it held, levelled (`pace_at` `:return_seconds` back).
 TAKE_SEND_TOKEN = text(f"""
-WITH found AS MATERIALIZED (
+WITH paced AS MATERIALIZED (
     SELECT d.name, coalesce(d.paused_until > now(), false) AS paused, d.paused_until, d.burst, d.send_tokens,
-           d.send_tokens_at, {_PER_SECOND.format(t="d", pace_now=_PACE_NOW.format(t="d"))} AS per_second
+           d.send_tokens_at, d.rate, {_PACE_NOW.format(t="d")} AS pace_now,
+           now() > {_USED_UNTIL.format(t="d")} AND now() > d.pace_at + make_interval(secs => :return_seconds)
+           AS resumes
       FROM agent_destination AS d WHERE d.name = :name FOR UPDATE
+), found AS MATERIALIZED (
+    SELECT p.*, {_PER_SECOND.format(t="p", pace_now="p.pace_now")} AS per_second FROM paced AS p
 ), allowed AS MATERIALIZED (
     SELECT f.*,
            CASE WHEN f.paused OR f.per_second = 'infinity' THEN NULL
@@ -164,7 +176,10 @@ WITH found AS MATERIALIZED (
 )
 UPDATE agent_destination AS d
    SET send_tokens = CASE WHEN g.takes THEN g.available - 1 ELSE d.send_tokens END,
-       send_tokens_at = CASE WHEN g.takes THEN now() ELSE d.send_tokens_at END
+       send_tokens_at = CASE WHEN g.takes THEN now() ELSE d.send_tokens_at END,
+       pace = CASE WHEN g.takes AND g.resumes AND g.pace_now IS NOT NULL THEN g.pace_now / :levelled ELSE d.pace END,
+       pace_at = CASE WHEN g.takes AND g.resumes AND g.pace_now IS NOT NULL
+                      THEN now() - make_interval(secs => :return_seconds) ELSE d.pace_at END
   FROM taking AS g
  WHERE d.name = g.name
 RETURNING g.paused,
@@ -190,7 +205,9 @@ SELECT {_EPOCH.format(t="slowed_at")} AS slowed_at FROM agent_destination WHERE 
 # at least `:measure_floor` ago and at least `:min_accepted` were, else those sent in the last `:measure` seconds, a
 # second since the first was sent (in a row, from as few as one); with no pace or rate, that alone, or no pace: the
 # pause alone; for a slow-down in a row, the pace now, else the rate, else what it accepted, measured so), never
-# below `:min_pace`, and the claim's token bucket is emptied. A slow-down that pauses the destination sets
+# below `:min_pace`, nor, in a row or for a first pace not measured from the refusal, below `:recent_share` of what
+# the provider accepted (ended) in the last `:recent` seconds, a second since the first ended, over at least
+# `:recent_span`; and the claim's token bucket is emptied. A slow-down that pauses the destination sets
 # `slowed_at` and empties the send bucket: the turns given before it are void (an attempt that waited for one reads
 # `slowed_at` and takes another). The pause is the provider's wait, or else one token of the pace, at least
 # `:min_pause` (no pace: `:base` seconds), doubling with each slow-down in a row (one after the last pause ended,
@@ -213,10 +230,14 @@ WITH found AS MATERIALIZED (
       FROM found AS f
 ), since AS MATERIALIZED (
     SELECT g.*, now() - make_interval(secs => :measure) AS measured_since,
-           least(now() - make_interval(secs => :measure), CASE WHEN g.from_refusal THEN g.slowed_at END) AS read_since
+           now() - make_interval(secs => :recent) AS recent_since,
+           least(now() - make_interval(secs => greatest(:measure, :recent)),
+                 CASE WHEN g.from_refusal THEN g.slowed_at END) AS read_since
       FROM again AS g
 ), accepted AS MATERIALIZED (
-    SELECT count(*) FILTER (WHERE a.ended_at > g.measured_since) AS n,
+    SELECT count(*) FILTER (WHERE a.ended_at > g.recent_since) AS recent,
+           min(a.ended_at) FILTER (WHERE a.ended_at > g.recent_since) AS first_recent,
+           count(*) FILTER (WHERE a.ended_at > g.measured_since) AS n,
            min(a.ended_at) FILTER (WHERE a.ended_at > g.measured_since) AS first_ended,
            count(*) FILTER (WHERE a.write_started_at > g.measured_since) AS sent,
            min(a.write_started_at) FILTER (WHERE a.write_started_at > g.measured_since) AS first_sent,
@@ -236,7 +257,12 @@ WITH found AS MATERIALIZED (
                             CASE WHEN a.sent >= CASE WHEN g.again THEN 1 ELSE :min_accepted END
                                  THEN a.sent / greatest(:measure_floor, extract(epoch FROM now() - a.first_sent)) END)
                    END
-              FROM accepted AS a) AS accepted_pace
+              FROM accepted AS a) AS accepted_pace,
+           (SELECT coalesce(a.sent_since_refusal >= :min_accepted
+                            AND now() - g.slowed_at >= make_interval(secs => :measure_floor), false)
+              FROM accepted AS a) AS since_refusal,
+           (SELECT :recent_share * a.recent / greatest(:recent_span, extract(epoch FROM now() - a.first_recent))
+              FROM accepted AS a WHERE a.recent > 0) AS recent_floor
       FROM since AS g
 ), lowered AS MATERIALIZED (
     SELECT m.*, CASE WHEN m.again THEN coalesce(m.pace_now, m.rate, m.accepted_pace)
@@ -246,7 +272,10 @@ WITH found AS MATERIALIZED (
            AS lowers
       FROM measured AS m
 ), counted AS MATERIALIZED (
-    SELECT l.*, CASE WHEN l.lowers THEN greatest(:min_pace, :decrease * l.pace_was) ELSE l.pace_now END AS pace_then
+    SELECT l.*, CASE WHEN l.lowers
+                     THEN greatest(:min_pace, :decrease * l.pace_was,
+                                   CASE WHEN l.again OR (l.first_pace AND NOT l.since_refusal) THEN l.recent_floor END)
+                     ELSE l.pace_now END AS pace_then
       FROM lowered AS l
 )
 UPDATE agent_destination AS d
