@@ -1,7 +1,7 @@
 """A backlog through a throttling relay: how fast executors that know nothing of its rate find it, and how
 well they keep a rate they are given.
 
-    python -m bench.throttle [--emails 5000] [--rate 20] [--only 454] [--workdir DIR]
+    python -m bench.throttle [--emails 5000] [--rate 20] [--only 454] [--lanes 500] [--workdir DIR]
 
     embedded PostgreSQL ─ one fresh database a case ─ EMAILS verify-address emails over LANES lanes
       ├─ tests/throttling_relay.py in this process: a token bucket of RATE a second (one second's worth),
@@ -17,9 +17,12 @@ Per case: DONE and FAILED, the relay's refusals against what it accepted (and th
 first OPENING_SECONDS from the first MAIL FROM: before the first slow-down every executor has its whole
 concurrency in flight, and what the relay refuses of it is the same whatever the pace does next), the drain
 (from the first MAIL FROM the relay saw to the last message it accepted) against the ideal EMAILS / RATE,
-duplicates (by Message-ID), the busiest second, the pauses the executors logged, and the load average over
-the case. The executors' logs (each pause and pace at INFO) stay in the work directory,
-./.outbox/throttle/<UTC time> unless --workdir is given, with results.json.
+duplicates (by Message-ID), the busiest second and the slowest whole 10 s of the drain (messages accepted),
+the pauses the executors logged, the first pace they set, the pace `outbox destinations` reads when the
+drain ends and IDLE_SECONDS later (the executors still running, with nothing left to send), and the load
+average over the case. The executors' logs (each pause and pace at INFO) stay in the work directory,
+./.outbox/throttle/<UTC time> unless --workdir is given, with results.json. Stopped by Ctrl-C or SIGTERM, it
+stops its executors and its PostgreSQL before it exits.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -34,12 +38,14 @@ import time
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from types import FrameType
 
 from sqlalchemy import Engine, create_engine, text
 
 from demo.postgres import embedded_postgres_server, fresh_database
 from outbox import migrate
 from outbox.db import psycopg_url
+from outbox.destinations import destinations
 from tests.support import enqueue_verify_emails
 from tests.throttling_relay import OPENING_SECONDS, Refusal, ThrottlingRelay
 
@@ -50,6 +56,12 @@ LIVE = ("PROPOSED", "ADMITTED", "EXECUTING")
 DEADLINE_IDEALS = 3
 # the executors' start-up, allowed on top of it
 START_SECONDS = 60
+# how long the executors run on after the drain before the pace is read again
+IDLE_SECONDS = 20.0
+# the windows the slowest part of the drain is counted in
+WINDOW_SECONDS = 10.0
+# a pace an executor logged with a pause ("...; pace 33.3/s")
+LOGGED_PACE = re.compile(r"^(\S+ \S+) .* paused .*; pace ([0-9.e+]+)/s$", re.MULTILINE)
 
 
 @dataclass(frozen=True)
@@ -77,7 +89,11 @@ class Figures:
     ideal_seconds: float
     duplicates: int
     busiest_second: int
+    slowest_window: int
     pauses: int
+    first_pace: float | None
+    drained_pace: float | None
+    idle_pace: float | None
     load_average: float
 
     @property
@@ -88,14 +104,20 @@ class Figures:
             f"| {self.case} | {self.done} | {self.failed} | {self.refused} / {self.accepted} ({share:.1%}) |"
             f" {self.refused_after_opening} ({later:.1%}) |"
             f" {self.drain_seconds:.0f} s ({self.drain_seconds / self.ideal_seconds:.2f}x) | {self.duplicates} |"
-            f" {self.busiest_second} | {self.pauses} | {self.load_average:.1f} |"
+            f" {self.busiest_second} | {self.slowest_window} | {self.pauses} | {_pace(self.first_pace)} |"
+            f" {_pace(self.drained_pace)} / {_pace(self.idle_pace)} | {self.load_average:.1f} |"
         )
+
+
+def _pace(pace: float | None) -> str:
+    return "-" if pace is None else f"{pace:.3g}/s"
 
 
 HEADER = (
     f"| case | DONE | FAILED | refused / accepted | refused after {OPENING_SECONDS:g} s | drain (x ideal) | duplicates"
-    " | busiest second | pauses | load |\n"
-    "|---|---|---|---|---|---|---|---|---|---|"
+    f" | busiest second | slowest {WINDOW_SECONDS:g} s | pauses | first pace | pace drained / {IDLE_SECONDS:g} s later"
+    " | load |\n"
+    "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 )
 
 
@@ -137,6 +159,30 @@ def states(engine: Engine) -> dict[str, int]:
     return {str(state): int(n) for state, n in rows}
 
 
+def smtp_pace(engine: Engine) -> float | None:
+    """The relay's pace as `outbox destinations` reads it now (None: not paced)."""
+    with engine.connect() as conn:
+        return next((found.pace for found in destinations(conn) if found.name == "smtp"), None)
+
+
+def first_pace(logs: list[Path]) -> float | None:
+    """The first pace any executor logged with a pause (by its log line's time)."""
+    found = [match.groups() for log in logs for match in LOGGED_PACE.finditer(log.read_text(errors="replace"))]
+    return float(min(found)[1]) if found else None
+
+
+def slowest_window(mail_times: list[float]) -> int:
+    """The fewest messages accepted in a whole WINDOW_SECONDS of the drain, counted from its first MAIL FROM."""
+    first, last = min(mail_times), max(mail_times)
+    windows = int((last - first) // WINDOW_SECONDS)
+    counts = [0] * windows
+    for at in mail_times:
+        n = int((at - first) // WINDOW_SECONDS)
+        if n < windows:
+            counts[n] += 1
+    return min(counts, default=len(mail_times))
+
+
 def run_case(server: object, case: Case, emails: int, rate: float, workdir: Path) -> Figures:
     url = psycopg_url(fresh_database(server, "throttle"))
     engine = create_engine(url)
@@ -147,11 +193,15 @@ def run_case(server: object, case: Case, emails: int, rate: float, workdir: Path
     logs = [workdir / f"{case.name}-executor-{n}.log" for n in range(1, case.executors + 1)]
     processes = [start_executor(url, relay.port, rate if case.rated else None, log) for log in logs]
     loads: list[float] = []
+    drained_pace = idle_pace = None
     try:
         deadline = time.monotonic() + START_SECONDS + DEADLINE_IDEALS * emails / rate
         while time.monotonic() < deadline:
             found = states(engine)
             if not any(found.get(state, 0) for state in LIVE):
+                drained_pace = smtp_pace(engine)
+                time.sleep(IDLE_SECONDS)  # the executors run on, idle: what becomes of the pace
+                idle_pace = smtp_pace(engine)
                 break
             loads.append(os.getloadavg()[0])
             print(f"  {case.name}: {found} accepted {len(relay.accepted)} refused {relay.refused}", flush=True)
@@ -178,9 +228,18 @@ def run_case(server: object, case: Case, emails: int, rate: float, workdir: Path
         ideal_seconds=emails / rate,
         duplicates=relay.duplicates(),
         busiest_second=relay.busiest_second(),
+        slowest_window=slowest_window([r.mail_at for r in accepted]),
         pauses=sum(log.read_text(errors="replace").count(" paused ") for log in logs),
+        first_pace=first_pace(logs),
+        drained_pace=drained_pace,
+        idle_pace=idle_pace,
         load_average=sum(loads) / len(loads) if loads else os.getloadavg()[0],
     )
+
+
+def stop_on_signal(signum: int, frame: FrameType | None) -> None:
+    """SIGTERM as Ctrl-C: the `finally` clauses stop the executors and the embedded PostgreSQL."""
+    raise KeyboardInterrupt
 
 
 def main() -> None:
@@ -188,15 +247,17 @@ def main() -> None:
     parser.add_argument("--emails", type=int, default=5000)
     parser.add_argument("--rate", type=float, default=20.0, help="the relay's messages a second")
     parser.add_argument("--only", default="", help="run the cases whose name contains this, e.g. 454 or rate")
+    parser.add_argument("--lanes", type=int, default=None, help="run only the cases over this many lanes")
     parser.add_argument("--workdir", type=Path, default=None)
     args = parser.parse_args()
+    signal.signal(signal.SIGTERM, stop_on_signal)
     workdir = args.workdir or ROOT / ".outbox" / "throttle" / datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     workdir.mkdir(parents=True, exist_ok=True)
     server = embedded_postgres_server(workdir / "postgres")
     results: list[Figures] = []
     try:
         for case in cases():
-            if args.only not in case.name:
+            if args.only not in case.name or args.lanes not in (None, case.lanes):
                 continue
             print(f"{case.name}: {args.emails} emails at {args.rate:g}/s", flush=True)
             results.append(run_case(server, case, args.emails, args.rate, workdir))
