@@ -63,7 +63,7 @@ class Count:
         waits for) when it did not grow since the last line."""
         if self.bars is not None and self.task is not None:
             self.bars.update(self.task, completed=done)
-        elif time.monotonic() - self.printed[0] >= LINE_SECONDS:
+        elif done < self.total and time.monotonic() - self.printed[0] >= LINE_SECONDS:  # finish() says the last
             waiting = detail() if done == self.printed[1] else ""
             self._line(done, f"{time.monotonic() - self.started:.0f} s so far" + (f"; {waiting}" if waiting else ""))
 

@@ -173,7 +173,7 @@ def run_demo(
         workload = run_workload(engine, stack, Backlog(actions, lanes, kinds, unsubscribe), timeout)
         print_summary(console, engine, workload, stack)
         show_urls(stack, url if given_url is None else None, outbox)
-        show_runs(stack, "drain runs now")
+        show_runs(stack, "drain runs now", pages=True)
         if keep_running:
             say("--keep-running: the stack stays up; Ctrl-C stops it.")
             while True:
@@ -188,7 +188,7 @@ def run_demo(
     finally:
         with step(console, "the drain runs hand back what they hold and end"):
             stack.stop_drain()
-        show_runs(stack, "drain runs, as they ended")
+        show_runs(stack, "drain runs, as they ended (their pages stop with the Prefect server)", pages=False)
         with step(console, "stopping every process the demo started"):
             stack.stop()
         engine.dispose()
@@ -204,17 +204,18 @@ def show_prometheus(stack: Stack, command: list[str] | None) -> None:
     say(f"  then open http://127.0.0.1:{prometheus.PORT}/alerts")
 
 
-def show_runs(stack: Stack, title: str) -> None:
-    """Every drain run of this demo and its state, with its page (its live view under Artifacts, its log
-    under Logs): once the summary is out, and as they ended (the Prefect server stops with the demo)."""
+def show_runs(stack: Stack, title: str, *, pages: bool) -> None:
+    """Every drain run of this demo and its state, with its pages when `pages` (the run's, its log under
+    Logs, and its live view): once the summary is out, and as they ended (the Prefect server stops next)."""
     try:
         runs = stack.drain_runs()
     except Exception:  # the Prefect server never started or already stopped: nothing to show
         return
     say(f"{title} ({len(runs)}; their logs are also in the workers' files in {stack.workdir}):")
     for run in sorted(runs, key=lambda run: run["name"]):
-        say(f"  {run['name']}: {run['state_name']}, queue {run['work_queue_name']}, {stack.run_url(run['id'])}")
-        live = stack.live_view_url(run["id"])
+        page = f", {stack.run_url(run['id'])}" if pages else ""
+        say(f"  {run['name']}: {run['state_name']}, queue {run['work_queue_name']}{page}")
+        live = stack.live_view_url(run["id"]) if pages else None
         if live is not None:
             say(f"    its live view: {live}")
 
