@@ -33,6 +33,10 @@ the executors short by the runs it held. With no other worker ONLINE it stops at
 for the next worker to start. While the deployment is paused (how the whole drain is stopped: no tick starts a
 run), a stopped run is not replaced. Each run is a fresh subprocess, which is why the metrics live in the database.
 
+Log lines. From its start, every log record of the run's process has each URL's query and the secret of its
+user information as *** (`outbox.log_records`), whichever library logs it: httpx's line per webhook request
+among them, before Prefect's run logger ships a line to the Prefect server.
+
 Events: `outbox.action.uncertain` and `outbox.action.failed`, one rule for every kind (an email, a webhook, an
 event). The resource is the action (`outbox.action.<id>`) with its kind, state and reason, and one label
 `outbox.trace.<field>` per field of the trace its adapter noted (an email's notice and Message-ID, a webhook's
@@ -79,6 +83,7 @@ from outbox.executor.adapter import load_adapters
 from outbox.executor.config import DEFAULTS, start_line
 from outbox.executor.outcomes import DestinationChange, EndedAction, Outcomes
 from outbox.kind_rows import require_declared
+from outbox.log_records import hide_secrets_in_logs
 from outbox.nats.settings import NatsSettingsError
 from outbox.ops import lanes
 from outbox.settings import load_settings
@@ -158,6 +163,7 @@ async def _drain(
     concurrency: int,
     adapters: str,
 ) -> dict[str, Any] | State[Any]:
+    hide_secrets_in_logs()
     ship_outbox_logs()
     logger = get_run_logger()
     settings = load_settings()

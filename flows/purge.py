@@ -18,6 +18,7 @@ from prefect.artifacts import create_table_artifact
 
 from outbox.db import sync_engine
 from outbox.limits import PURGE_BATCH_SIZE
+from outbox.log_records import hide_secrets_in_logs
 from outbox.retention import purge_ended
 from outbox.settings import load_settings
 
@@ -25,6 +26,7 @@ from outbox.settings import load_settings
 @flow(name="outbox-purge", retries=2, retry_delay_seconds=300, timeout_seconds=3600)
 def purge(retention_days: float = 30, batch_size: int = PURGE_BATCH_SIZE) -> dict[str, Any]:
     """Delete the actions that ended more than `retention_days` ago; return how many went."""
+    hide_secrets_in_logs()
     settings = load_settings()
     url = settings.database_url
     if not url:

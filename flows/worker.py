@@ -17,6 +17,9 @@
       4. SIGCONT and SIGTERM the Prefect worker; exit with its exit code
     second SIGTERM or SIGINT: SIGKILL the worker and its runs now
 
+The supervisor's own log records, and each line of the stderr it passes on (the Prefect worker's and its
+flow runs'), have every URL's query and the secret of its user information as *** (`outbox.log_records`).
+
 A worker stopped for longer than its websockets' keepalive (about 20 s) finds them closed when it
 continues, and Prefect logs each as a warning with a traceback. Those warnings, from the SIGCONT on, are
 an effect of the stop itself: the supervisor drops them (and only them) from the stderr it passes on.
@@ -55,6 +58,7 @@ from prefect.settings import get_current_settings
 from prefect.states import Cancelled
 
 from outbox.errors import OutboxError
+from outbox.log_records import hidden_text, hide_secrets_in_logs
 
 log = logging.getLogger("outbox.worker")
 
@@ -210,9 +214,10 @@ class Supervisor:
 
 
 class StopNoiseFilter:
-    """Passes the worker's stderr on, line by line. Once `stopping` is set (the worker continues after the
-    stop), a websocket-failed warning of a Prefect observer is dropped with the traceback that follows it,
-    up to the next log record; every other line passes as it came."""
+    """Passes the worker's stderr on, line by line, each URL's secret in it as *** (read as UTF-8, a byte that
+    is not passing as it came). Once `stopping` is set (the worker continues after the stop), a
+    websocket-failed warning of a Prefect observer is dropped with the traceback that follows it, up to the
+    next log record; every other line passes."""
 
     def __init__(self, target: IO[bytes]) -> None:
         self.target = target
@@ -222,7 +227,7 @@ class StopNoiseFilter:
     def relay(self, source: Iterable[bytes]) -> None:
         for line in source:
             if self.passes(line):
-                self.target.write(line)
+                self.target.write(hidden_text(line.decode(errors="surrogateescape")).encode(errors="surrogateescape"))
                 self.target.flush()
 
     def passes(self, line: bytes) -> bool:
@@ -265,6 +270,7 @@ def main(argv: Sequence[str]) -> int:
     """Run the Prefect worker under the supervisor until it exits; its exit code (2 when it cannot start)."""
     own, prefect_options = (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
     arguments = arguments_parser().parse_args(own)
+    hide_secrets_in_logs()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         client = prefect_client()

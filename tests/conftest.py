@@ -143,10 +143,12 @@ def cli(
 ) -> Iterator[Callable[..., CliResult]]:
     """`outbox ARGS...` through the console script's entry point, on the test's database. A long-running
     command sets up the root logger on stderr, the test's captured one: it is set back afterwards, or every
-    later log line of the session (an SMTP sink's thread) would be written to a closed file."""
+    later log line of the session (an SMTP sink's thread) would be written to a closed file. The record
+    factory every command installs (`outbox.log_records`) is set back too."""
     monkeypatch.setenv("OUTBOX_DATABASE_URL", database_url)
     root = logging.getLogger()
     handlers, level = root.handlers[:], root.level
+    factory = logging.getLogRecordFactory()
 
     def invoke(*args: str) -> CliResult:
         capsys.readouterr()
@@ -162,6 +164,7 @@ def cli(
     yield invoke
     root.handlers[:] = handlers
     root.setLevel(level)
+    logging.setLogRecordFactory(factory)
 
 
 @pytest.fixture

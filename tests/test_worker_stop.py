@@ -246,3 +246,18 @@ def test_the_websocket_trace_is_dropped_only_after_the_worker_continues_from_its
         noise.relay(iter(lines))
     assert running.read_bytes() == WEBSOCKET_TRACE + NEXT_RECORD, "a real error in normal running is shown"
     assert stopping.read_bytes() == NEXT_RECORD
+
+
+def test_a_url_in_a_line_the_supervisor_passes_on_shows_no_secret(tmp_path: Path) -> None:
+    lines = [
+        b'10:06:30.001 | INFO    | httpx - HTTP Request: POST https://h.example/in?token=tok-9Xq "HTTP/1.1 200 OK"\n',
+        b"10:06:30.002 | ERROR   | nats - cannot reach nats://ntok-4Rw@10.0.0.5:4222 \xff\n",
+        NEXT_RECORD,
+    ]
+    passed = tmp_path / "passed"
+    with passed.open("wb") as target:
+        StopNoiseFilter(target).relay(iter(lines))
+    assert passed.read_bytes() == (
+        b'10:06:30.001 | INFO    | httpx - HTTP Request: POST https://h.example/in?*** "HTTP/1.1 200 OK"\n'
+        b"10:06:30.002 | ERROR   | nats - cannot reach nats://***@10.0.0.5:4222 \xff\n" + NEXT_RECORD
+    )

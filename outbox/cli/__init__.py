@@ -9,7 +9,9 @@ script can act on:
     1  the database: it cannot be reached (or not in time), refuses the role, or its outbox schema is
        missing or behind
 
-A password of the database URL (from `--database-url` or `OUTBOX_DATABASE_URL`) never reaches the line.
+A password of the database URL (from `--database-url` or `OUTBOX_DATABASE_URL`) never reaches the line, and
+no log record of a command shows a URL's query or the secret of its user information, whichever library
+logs it (`outbox.log_records`).
 Any other error is a fault of outbox's own and keeps its traceback.
 """
 
@@ -27,6 +29,7 @@ from outbox.cli import changes, db, demo, destinations, metrics, nats, ops, pref
 from outbox.cli.help import WholeHelpGroup, help_width
 from outbox.cli.options import hide_passwords, printable, remember_passwords
 from outbox.errors import OutboxError
+from outbox.log_records import hide_secrets_in_logs
 
 # a traceback (a fault of outbox's own) never shows local values: a URL and its password are among them;
 # help is plain text that no word is cut from (see outbox.cli.help)
@@ -86,6 +89,7 @@ def _report(code: int, message: str) -> NoReturn:
 
 def main() -> None:
     remember_passwords(sys.argv[1:], os.environ)
+    hide_secrets_in_logs()
     try:
         code = app(standalone_mode=False)  # usage errors come here instead of as typer's boxed report
     except Exception as error:

@@ -47,6 +47,9 @@ from outbox.store.operator import STORE_EXISTS
 log = logging.getLogger(__name__)
 # the width of a line off a terminal with no COLUMNS: wider than anything a command prints
 UNBOUNDED_WIDTH = 100_000
+# the lowest level a long-running command logs (`outbox run`, `outbox metrics serve`)
+LOG_LEVEL_VARIABLE = "OUTBOX_LOG_LEVEL"
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 
 class OperatorConsole(Console):
@@ -122,11 +125,20 @@ class _HidingFormatter(logging.Formatter):
         return "\n".join(printable(line) for line in lines)
 
 
-def log_to_stderr(level: int = logging.INFO) -> None:
-    """What a long-running command logs, on stderr, never holding the database password."""
+def log_to_stderr() -> None:
+    """What a long-running command logs, on stderr, from the level OUTBOX_LOG_LEVEL names (INFO unless set),
+    never holding the database password (nor a URL's secret: `outbox.log_records`)."""
     handler = logging.StreamHandler()
     handler.setFormatter(_HidingFormatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
-    logging.basicConfig(level=level, handlers=[handler], force=True)
+    logging.basicConfig(level=log_level(os.environ.get(LOG_LEVEL_VARIABLE, "")), handlers=[handler], force=True)
+
+
+def log_level(name: str) -> int:
+    """The level OUTBOX_LOG_LEVEL names (case aside; empty: INFO), or ValueError naming the variable."""
+    chosen = name.strip().upper() or "INFO"
+    if chosen not in LOG_LEVELS:
+        raise ValueError(f"{LOG_LEVEL_VARIABLE}: unknown level {name!r} (one of {', '.join(LOG_LEVELS)})")
+    return logging.getLevelNamesMapping()[chosen]
 
 
 def parse_state(value: str) -> ActionState:

@@ -3,9 +3,9 @@ OUTBOX_NATS_* variables, read when the adapters are made or the command runs:
 
     OUTBOX_NATS_URL ─ NatsSettings (pydantic) ─ NatsConfig.from_settings (each URL checked) ─▶ NatsAdapter
 
-OUTBOX_NATS_URL is one or more `nats://[user:password@]host[:port]` URLs, comma separated (the servers of
-one cluster); OUTBOX_NATS_CREDENTIALS a creds file (a user JWT and its NKey seed). A URL's password is
-never logged nor shown: `NatsConfig.shown` renders the URLs with it as ***.
+OUTBOX_NATS_URL is one or more `nats://[user:password@]host[:port]` or `nats://token@host[:port]` URLs, comma
+separated (the servers of one cluster); OUTBOX_NATS_CREDENTIALS a creds file (a user JWT and its NKey seed).
+A URL's password or token is never logged nor shown: `NatsConfig.shown` renders the URLs with it as ***.
 """
 
 from __future__ import annotations
@@ -104,12 +104,13 @@ def check_url(url: str) -> None:
 
 def shown_url(url: str) -> str:
     """`url` with the password of its user information (everything after the user's name up to the last
-    `@`) as ***."""
+    `@`) as ***, and a user information without a password (a token: `nats://TOKEN@host`) as *** whole."""
     scheme, separator, rest = url.partition("://") if "://" in url else ("", "", url)
     user_info, at, host = rest.rpartition("@")
-    if not at or ":" not in user_info:
+    if not at:
         return url
-    return f"{scheme}{separator}{user_info.partition(':')[0]}:{MASK}@{host}"
+    user, _, password = user_info.partition(":")
+    return f"{scheme}{separator}{user + ':' + MASK if password else MASK}@{host}"
 
 
 def load_config() -> NatsConfig:
