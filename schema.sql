@@ -1,4 +1,4 @@
--- outbox's schema at revision 0020, as PostgreSQL 18 dumps it. Generated from the migrations
+-- outbox's schema at revision 0021, as PostgreSQL 18 dumps it. Generated from the migrations
 -- by `python -m tests.schema_dump`; do not edit: the revisions in migrations/versions/ are the source.
 
 --
@@ -293,6 +293,7 @@ CREATE TABLE public.agent_action (
     lane_head boolean DEFAULT false NOT NULL,
     trace_context jsonb,
     destination text,
+    due_since timestamp with time zone,
     CONSTRAINT ck_agent_action_attempt CHECK (((attempt >= 0) AND (attempt <= max_attempts))),
     CONSTRAINT ck_agent_action_ended_at CHECK (((ended_at IS NULL) = (stop_reason IS NULL))),
     CONSTRAINT ck_agent_action_idempotency_key CHECK ((idempotency_key <> ''::text)),
@@ -442,6 +443,8 @@ CREATE TABLE public.agent_destination (
     send_tokens double precision,
     send_tokens_at timestamp with time zone,
     slowed_at timestamp with time zone,
+    failing_since timestamp with time zone,
+    failures integer DEFAULT 0 NOT NULL,
     CONSTRAINT ck_agent_destination_burst CHECK (((burst >= (1)::double precision) AND (burst <= (1000000)::double precision))),
     CONSTRAINT ck_agent_destination_name CHECK ((name ~ '^[a-z0-9_][a-z0-9_.:-]{0,79}$'::text)),
     CONSTRAINT ck_agent_destination_pace CHECK ((pace > (0)::double precision)),

@@ -3,7 +3,8 @@
     python -m bench.broken_endpoint [--outage-minutes 10] [--rate 2] [--no-breaker]
 
     two executors (outbox.executor.Executor, one process, a WebhookAdapter each, ExecutorConfig's defaults:
-    broken after 30 s of failures only, then one probe every 15 s; --no-breaker: never broken)
+    broken after 120 s of failures with nothing accepted, then one probe every 15 s; --no-breaker: never
+    broken)
     ──▶ the endpoint: a receiver (demo.receiver) that answers 500 to everything during the outage
     the application enqueues `--rate` webhooks a second, one lane each: for one healthy minute, through the
     outage, and stops when the endpoint is back
@@ -79,7 +80,7 @@ async def run(url: str, engine: Engine, outage_seconds: float, rate: float, brea
     register_endpoint("down", receiver.url, secret=SECRET)
     register_webhook_event(PINGED)
     aengine = async_engine(url)
-    config = ExecutorConfig(break_seconds=30.0 if breaker else 1e9)
+    config = ExecutorConfig() if breaker else ExecutorConfig(break_seconds=1e9)
     adapters = [WebhookAdapter(aengine) for _ in range(2)]
     executors = [Executor(aengine, [adapter], config) for adapter in adapters]
     tasks = [asyncio.create_task(executor.run()) for executor in executors]
@@ -162,7 +163,7 @@ def row(breaker: bool, figures: Figures) -> str:
     mended = f"{figures.mend_after:.1f} s" if figures.mend_after is not None else "-"
     drained = figures.never_attempted_drained_after or 0.0
     return (
-        f"| {'defaults (30 s, 15 s)' if breaker else 'no breaker'} | {figures.outage_seconds:.0f} s"
+        f"| {'defaults (120 s, 15 s)' if breaker else 'no breaker'} | {figures.outage_seconds:.0f} s"
         f" | {figures.enqueued_in_outage} | {figures.attempts_in_outage} | {before}"
         f" | {probes if figures.break_after is not None else '-'} | {broke} | {mended} | {drained:.1f} s"
         f" | {figures.pushed_back} | {figures.all_done_after:.1f} s | {figures.enqueued} DONE"

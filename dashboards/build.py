@@ -560,14 +560,17 @@ ALERTS = [
     Alert(
         "outbox-destination-broken",
         "OutboxDestinationBroken",
+        # broken already means a run of failures as long as the breaker's window (2 minutes by default): it
+        # pages at once
         "max by (kind, destination) (outbox_destination_broken_seconds)",
         "gt",
-        600,
+        0,
         "0m",
         "page",
-        "Destination {{ $labels.destination }} has been broken for 10 minutes",
-        "Every attempt to {{ $labels.destination }} failed, and every probe for 10 minutes since: its "
-        "{{ $labels.kind }} actions wait. Check the provider; `outbox destinations` shows since when.",
+        "Destination {{ $labels.destination }} is broken",
+        "Every attempt to {{ $labels.destination }} failed or was asked to slow down for the breaker's window, "
+        "with none accepted: its {{ $labels.kind }} actions wait, one probe at a time. Check the provider; "
+        "`outbox destinations` shows since when.",
         "destination-broken",
     ),
     Alert(

@@ -21,7 +21,7 @@ from sqlalchemy import Connection
 
 from outbox.errors import InvalidRequest, OutboxError
 from outbox.executor.pacing import PACE
-from outbox.kinds import is_destination_name
+from outbox.kinds import ActionKind, is_destination_name
 from outbox.store import destination_rows as rows
 from outbox.store import destinations as store
 
@@ -34,8 +34,8 @@ OPEN, PACED, PAUSED, BROKEN = "open", "paced", "paused", "broken"
 class UnknownDestination(OutboxError, LookupError):
     def __init__(self, name: str) -> None:
         super().__init__(
-            f"destination {name!r} is unknown: it has no row (never paced, paused or broken) and no action"
-            " waiting or executing names it"
+            f"destination {name!r} is unknown: it has no row (never paced, paused or broken), no action"
+            " waiting or executing names it, and it is no declared kind's own destination"
         )
         self.name = name
 
@@ -114,8 +114,10 @@ def _checked(name: str) -> str:
 
 def pause(conn: Connection, name: str, *, lasting: timedelta | None = None, reason: str | None = None) -> Destination:
     """Pause `name` for `lasting`, or until resumed: no executor claims for it meanwhile (attempts already
-    claimed finish). A destination without a row gets one, of the kind of the actions that name it; one that
-    has neither is unknown. A provider's slow-down during the pause leaves it the operator's."""
+    claimed finish). A destination without a row gets one, of the kind of the actions that name it, or else
+    of the declared kind whose own destination it is (`smtp` before any email was enqueued: a maintenance
+    window prepared on an idle system); one that has none of these is unknown. A provider's slow-down during
+    the pause leaves it the operator's."""
     _checked(name)
     if lasting is not None and lasting.total_seconds() < 1:
         raise InvalidRequest("--for", "a pause lasts at least 1s")
@@ -123,12 +125,24 @@ def pause(conn: Connection, name: str, *, lasting: timedelta | None = None, reas
         raise InvalidRequest("--reason", f"at most {MAX_REASON} characters, not {len(reason)}")
     params = {"name": name, "seconds": lasting.total_seconds() if lasting else None, "reason": reason}
     if conn.execute(store.PAUSE, params).rowcount == 0:
-        kind = conn.execute(rows.LIVE_DESTINATION_KIND, {"name": name}).scalar()
+        kind = conn.execute(rows.LIVE_DESTINATION_KIND, {"name": name}).scalar() or _declared_kind(conn, name)
         if kind is None:
             raise UnknownDestination(name)
         conn.execute(store.ADD_DESTINATION, {"name": name, "kind": kind})
         conn.execute(store.PAUSE, params)
     return _find(conn, name)
+
+
+def _declared_kind(conn: Connection, name: str) -> str | None:
+    """The declared kind whose own destination `name` is (the kinds' registry, else the kind's name in lower
+    case), or None."""
+    known = ActionKind.all()
+    kinds = [kind.name for kind in known if kind.destination == name]
+    registered = [kind.name for kind in known]
+    found: str | None = conn.execute(
+        rows.DECLARED_DESTINATION_KIND, {"name": name, "kinds": kinds, "registered": registered}
+    ).scalar()
+    return found
 
 
 def resume(conn: Connection, name: str) -> Destination:

@@ -4,7 +4,7 @@ pause and pace, the breaker's probes, and the plain claim that never waits for a
     enqueue / raw INSERT ─▶ agent_action.destination (the kind's, or the payload check's)
     two ExecutorStores ─claim_destination, concurrently─▶ claim times (lease_expires_at - lease) per 1 s window
     two executors' Destinations ─gate, bunched attempts─▶ the times their turns came, per 1 s window
-    slow_down / break_destination / mend_destination ─▶ agent_destination ─▶ what claim and claim_destination take
+    slow_down / note_failure / mend_destination ─▶ agent_destination ─▶ what claim and claim_destination take
 
 The executors' own behaviour against real relays and receivers is in tests/test_throttled_relay.py,
 tests/test_postfix_relay.py and tests/test_webhook.py.
@@ -842,7 +842,8 @@ def test_a_paused_destination_s_backlog_costs_the_claim_destination_by_destinati
     assert rows_read(engine, store_executor.CLAIM_READY_HEADS, params)[1] >= 2000
     # destination by destination: the pairs that have heads (a descent each, and one that finds none), and
     # the 50 first due of each open pair, of which the 50 first due are claimed; no row read and left
-    returned, removed = rows_read(engine, store_executor.CLAIM_OPEN_DESTINATION_HEADS, params)
+    shares = {"cap": 50, "busy": [], "rooms": []}
+    returned, removed = rows_read(engine, store_executor.CLAIM_OPEN_DESTINATION_HEADS, params | shares)
     assert removed == 0 and returned <= 3 + 2 * 50 + 50, (returned, removed)
 
 
@@ -850,8 +851,10 @@ def test_a_broken_destination_allows_one_probe_at_a_time_until_mended(engine: En
     insert_due(engine, 10)
 
     async def broken(store: ExecutorStore) -> list[int]:
-        assert await store.break_destination("test_noop", "TEST_NOOP", 0.0)
-        assert not await store.break_destination("test_noop", "TEST_NOOP", 0.0)  # already broken
+        at_once = {"window": 0.0, "min_failures": 1, "probe_seconds": 0.0}
+        assert (await store.note_failure("test_noop", "TEST_NOOP", at_once)).newly_broken
+        again = await store.note_failure("test_noop", "TEST_NOOP", at_once)
+        assert again.broken and not again.newly_broken  # already broken
         taken = []
         for _ in range(3):
             claimed, _ = await store.claim_destination("test_noop", 10, LEASE, KINDS, PACE | {"probe_seconds": 60})

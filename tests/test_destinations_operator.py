@@ -3,7 +3,7 @@ and resume through the `outbox` entry point, what an executor then claims, the l
 the gauges the exporter reads (scraped, and checked by promtool).
 
 The states a provider and the breaker give a destination are made with the statements the executors run
-(outbox.store.destinations: SET_RATES, SLOW_DOWN, BREAK), with the executors' own parameters.
+(outbox.store.destinations: SET_RATES, SLOW_DOWN, NOTE_FAILURE), with the executors' own parameters.
 """
 
 from __future__ import annotations
@@ -31,6 +31,8 @@ Cli = Callable[..., CliResult]
 NOOP, READBACK = kinds.NOOP.name, kinds.READBACK.name
 # the destinations of the test kinds: their names in lower case
 NOOP_TO, READBACK_TO = NOOP.lower(), READBACK.lower()
+# the breaker's statement, judging a single failure at once: broken now, its first probe 15 s away
+BROKEN_AT_ONCE = {"window": 0.0, "min_failures": 1, "probe_seconds": 15.0}
 
 
 def ok(result: CliResult) -> CliResult:
@@ -118,7 +120,7 @@ def test_a_provider_pause_a_breaker_and_a_pace_as_the_list_and_status_show_them(
         pace_lowered(conn, "paced")
         slow_down(conn, NOOP_TO, NOOP, after=120.0)
         conn.execute(store.ADD_DESTINATION, {"name": READBACK_TO, "kind": READBACK})
-        conn.execute(store.BREAK, {"name": READBACK_TO, "probe_seconds": 15})
+        conn.execute(store.NOTE_FAILURE, BROKEN_AT_ONCE | {"name": READBACK_TO})
     found = listed(cli)
     assert {name: d["state"] for name, d in found.items()} == {
         "paced": "paced",
@@ -192,7 +194,7 @@ def test_the_gauges_are_each_destinations_state(engine: Engine) -> None:
         pace_lowered(conn, "paced")
         slow_down(conn, NOOP_TO, NOOP, after=120.0)
         conn.execute(store.ADD_DESTINATION, {"name": READBACK_TO, "kind": READBACK})
-        conn.execute(store.BREAK, {"name": READBACK_TO, "probe_seconds": 15})
+        conn.execute(store.NOTE_FAILURE, BROKEN_AT_ONCE | {"name": READBACK_TO})
         conn.execute(
             text("UPDATE agent_destination SET broken_since = now() - interval '11 minutes' WHERE kind = :k"),
             {"k": READBACK},

@@ -5,8 +5,9 @@ Two executors (outbox.executor.Executor, an adapter each, one event loop) send t
 
     429 with Retry-After: 2 ──▶ the endpoint paused 2 s for both executors; the refused webhook's attempt uncounted
     429 without Retry-After ──▶ paused 0.5 s, 1 s, 2 s (in a row, doubling); no attempt spent
-    refused or 500 for a while ──▶ broken once an executor saw only failures for `break_seconds`: then one
+    refused or 500 for a while ──▶ broken once the endpoint's run of failures lasted `break_seconds`: then one
                                    probe every `probe_seconds` for both executors; the first success mends it
+    503 without Retry-After, for a while ──▶ slow-downs only: broken all the same, and mended by a probe
     two endpoints, one answering 429 ──▶ the other's webhooks all DONE meanwhile: the paused one's heads are not
                                          claimed, so they hold no executor's slots
 
@@ -231,6 +232,29 @@ async def test_a_broken_endpoint_gets_one_probe_a_second_until_it_is_back(aengin
         assert len([seen for seen in receiver.seen if seen.step == "500"]) == attempts(executors, "RETRY")
     assert set(receiver.deliveries().values()) == {1} and len(receiver.effects) == enqueued
     assert attempts(executors, "FAILED") == 0
+
+
+async def test_an_endpoint_that_answers_only_503_without_retry_after_is_broken_then_mended(
+    aengine: AsyncEngine, alpha: Receiver
+) -> None:
+    """Every webhook refused with a 503 and no Retry-After: slow-downs only, none an attempt. For the
+    breaker's window nothing was accepted: broken, whatever the pauses did to the attempts' timing."""
+    alpha.refusing = "503"
+    config = ExecutorConfig(concurrency=4, poll_seconds=0.2, break_seconds=1.0, probe_seconds=0.5)
+    async with two_executors(aengine, config) as executors:
+        await enqueue(aengine, ALPHA, range(20))
+
+        async def broken() -> bool:
+            return not await _mended(aengine)
+
+        await until_async(broken, 30, "the endpoint broken")
+        alpha.refusing = None
+        await until_async(lambda: _mended(aengine), 60, "the endpoint mended by a probe")
+        await until_async(all_done(aengine, "webhook:alpha", 20), 60, "every webhook DONE")
+    changes = sum((executor.outcomes.destinations for executor in executors), start=Counter[tuple[str, str]]())
+    assert changes[("webhook:alpha", "broken")] == 1 and changes[("webhook:alpha", "mended")] == 1
+    assert attempts(executors, "RETRY") == 0  # every refusal a deferral: no attempt spent
+    assert set(alpha.deliveries().values()) == {1} and len(alpha.effects) == 20
 
 
 async def test_a_paused_endpoint_holds_no_slot_the_other_endpoints_webhooks_need(

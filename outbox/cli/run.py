@@ -60,6 +60,14 @@ def run(
         callback=finite,
         help="A claim's lease in seconds (more than the 60 s write window).",
     ),
+    break_seconds: float = typer.Option(
+        DEFAULTS.break_seconds,
+        min=1,
+        max=MAX_LEASE_SECONDS,
+        callback=finite,
+        help="A destination whose attempts all failed or were asked to slow down this many seconds, none"
+        " accepted, is broken: one probe every 15 s until one succeeds.",
+    ),
     listen_database_url: str | None = typer.Option(
         None,
         envvar=setting_variable("listen_database_url"),
@@ -86,7 +94,9 @@ def run(
     if lease_seconds <= WRITE_WINDOW_SECONDS:
         window = f"the {WRITE_WINDOW_SECONDS:g} s write window"
         raise ValueError(f"--lease-seconds must exceed {window}, not {lease_seconds:g}")
-    config = ExecutorConfig(concurrency=concurrency, claim_batch=claim_batch, lease_seconds=lease_seconds)
+    config = ExecutorConfig(
+        concurrency=concurrency, claim_batch=claim_batch, lease_seconds=lease_seconds, break_seconds=break_seconds
+    )
     factory = load_adapters(adapters)
     log_to_stderr()
     migrated_engine(db, ask_seconds=START_ASK_SECONDS).dispose()

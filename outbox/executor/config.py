@@ -25,20 +25,30 @@ class ExecutorConfig:
     sweep_seconds: float = 1.0
     # on stop: how long an attempt that has not reached its fence may run before it is cancelled
     handback_grace_seconds: float = 5.0
-    # a destination whose attempts all failed this long is broken (outbox.executor.pacing); then one probe
-    # every `probe_seconds` finds when it is back
-    break_seconds: float = 30.0
+    # a destination whose attempts all failed or were slowed down this long, judged from its row in the
+    # database, is broken (outbox.executor.pacing); then one probe every `probe_seconds` finds when it is back
+    break_seconds: float = 120.0
     probe_seconds: float = 15.0
+    # the most attempts of one destination in flight here while another destination has due heads (None: a
+    # quarter of `concurrency`); a destination alone still takes every free slot
+    destination_slots: int | None = None
 
     def __post_init__(self) -> None:
         if self.concurrency < 1 or (self.claim_batch is not None and self.claim_batch < 1):
             raise ValueError("concurrency and claim_batch must be at least 1")
+        if self.destination_slots is not None and self.destination_slots < 1:
+            raise ValueError(f"destination_slots must be at least 1, not {self.destination_slots}")
         if self.lease_seconds <= WRITE_WINDOW_SECONDS:
             raise ValueError(
                 f"lease_seconds must exceed the {WRITE_WINDOW_SECONDS:.0f} s write window, not {self.lease_seconds}"
             )
         if min(self.poll_seconds, self.sweep_seconds, self.break_seconds, self.probe_seconds) <= 0:
             raise ValueError("poll_seconds, sweep_seconds, break_seconds and probe_seconds must be positive")
+
+    @property
+    def destination_share(self) -> int:
+        """The most attempts of one destination in flight here while another has due heads."""
+        return self.destination_slots or max(1, self.concurrency // 4)
 
     @property
     def claim_size(self) -> int:

@@ -12,9 +12,11 @@
               (SLOWED_AT): it takes another; a wait over GATE_WAIT_SECONDS: DestinationWaits
     result ──SlowDown──▶ held here at once; slow_down: pause and lower the pace for every executor; the
                          action waits the pause
-           ──Retry────▶ the destination's run of failures; BREAK_FAILURES of them over `break_seconds` with
-                        no success: broken (one probe every `probe_seconds`)
-           ──Done─────▶ the run ends; a broken destination is mended
+           ──Retry, SlowDown──▶ NOTE_FAILURE: one more in the destination's run of failures, kept on its row
+                        for every executor; at least BREAK_FAILURES over `break_seconds` and none accepted
+                        since the run began: broken (one probe every `probe_seconds`)
+           ──Done─────▶ nothing written for an open destination (the next judgement finds the acceptance
+                        in the actions' record and starts the run again from it); a broken one is mended
 
 The numbers are outbox.executor.pacing's. An adapter names its destinations and their configured rates in an
 optional `rates` property (name: Rate or None); the executor writes them when it starts, so the replicas
@@ -53,12 +55,6 @@ def adapter_rates(adapters: Iterable[ActionAdapter]) -> dict[str, tuple[str, flo
     return found
 
 
-@dataclasses.dataclass
-class _Failing:
-    since: float
-    count: int = 0
-
-
 class Destinations:
     def __init__(
         self, store: ExecutorStore, adapters: Iterable[ActionAdapter], config: ExecutorConfig, outcomes: Outcomes
@@ -70,12 +66,16 @@ class Destinations:
         self._config = config
         self._claim_params = PACE | {"probe_seconds": config.probe_seconds}
         self._gate_params = PACE | {"gate_wait": GATE_WAIT_SECONDS}
+        self._breaker = {
+            "window": config.break_seconds,
+            "min_failures": BREAK_FAILURES,
+            "probe_seconds": config.probe_seconds,
+        }
         self._outcomes = outcomes
         # the held destinations of this executor's kinds, as the last refresh found them: name -> broken
         self._held: dict[str, bool] = {}
         # when (loop time) each held destination may allow more
         self._not_before: dict[str, float] = {}
-        self._failing: dict[str, _Failing] = {}
         # the pauses this executor made that have not ended: name -> kind
         self._paused: dict[str, str] = {}
         # the earliest loop time a held destination may allow more: the loop wakes then
@@ -171,29 +171,30 @@ class Destinations:
                 self._paused[name] = action.kind.name
                 pace = f"; pace {slowed.pace:.3g}/s" if slowed.pace is not None else ""
                 self._change(name, action.kind.name, "paused", f"{result.reason}{pace}", slowed.pause_seconds)
+            # a provider that only slows down, for as long as the breaker's window, is broken as well
+            await self._failed(name, action.kind.name)
             # the action waits the pause; an operator's pause until resumed, the longest a slow-down waits
             return dataclasses.replace(result, after=min(max(0.0, slowed.pause_seconds), PAUSE_CAP_SECONDS))
         if isinstance(result, Retry):
             await self._failed(name, action.kind.name)
-        elif isinstance(result, Done):
-            self._failing.pop(name, None)
-            if self._held.get(name) and await self._store.mend_destination(name):
-                self._held[name] = False
-                self._change(name, action.kind.name, "mended", "an attempt succeeded")
+        elif isinstance(result, Done) and self._held.get(name) and await self._store.mend_destination(name):
+            self._held[name] = False
+            self._change(name, action.kind.name, "mended", "an attempt succeeded")
         return result
 
     async def _failed(self, name: str, kind: str) -> None:
-        now = asyncio.get_running_loop().time()
-        failing = self._failing.setdefault(name, _Failing(now))
-        failing.count += 1
-        if self._held.get(name) or failing.count < BREAK_FAILURES or now - failing.since < self._config.break_seconds:
+        """One more failure in `name`'s run, judged from its row (outbox.store.destinations.NOTE_FAILURE); a
+        destination known broken here is not written to: its probes' failures change nothing."""
+        if self._held.get(name):
             return
-        if await self._store.break_destination(name, kind, self._config.probe_seconds):
-            reason = f"{failing.count} attempts in {now - failing.since:.0f} s failed, none succeeded"
+        run = await self._store.note_failure(name, kind, self._breaker)
+        if not run.broken:
+            return
+        if run.newly_broken:
+            reason = f"{run.failures} attempts failed or slowed down over {run.seconds:.0f} s, none accepted"
             self._change(name, kind, "broken", reason)
         self._held[name] = True
-        self._not_before[name] = now + self._config.probe_seconds
-        self._failing.pop(name, None)  # another attempt that failed meanwhile may have broken it too
+        self._not_before[name] = asyncio.get_running_loop().time() + self._config.probe_seconds
 
     def _change(self, name: str, kind: str, change: str, reason: str, seconds: float | None = None) -> None:
         self._outcomes.destination(DestinationChange(name, kind, change, reason, seconds))

@@ -35,6 +35,7 @@ import os
 import re
 import socket
 import uuid
+from collections import Counter
 from collections.abc import Awaitable, Iterable
 from typing import TypeVar
 
@@ -64,7 +65,7 @@ from outbox.executor.results import (
     Uncertain,
     result_name,
 )
-from outbox.executor.store import CALL_SECONDS, ExecutorStore
+from outbox.executor.store import CALL_SECONDS, ExecutorStore, Shares
 from outbox.faults import own_database_fault
 from outbox.kinds import ActionKind
 from outbox.states import ActionState, StopReason
@@ -113,6 +114,8 @@ class Executor:
         self.outcomes = Outcomes()
         self._destinations = Destinations(self._store, self._adapters.values(), self.config, self.outcomes)
         self._inflight: dict[asyncio.Task[None], ActionAttempt] = {}
+        # attempts in flight by destination: the claim keeps each within its share while others have due heads
+        self._by_destination: Counter[str] = Counter()
         self._wake: asyncio.Event | None = None
         self._stopping = False
         self._committer: Committer | None = None
@@ -227,13 +230,25 @@ class Executor:
         """Ready heads of open destinations, then of held ones as far as each allows (outbox.executor.destinations).
         Each statement's heads start before the next statement runs."""
         open_heads = self._store.claim(
-            limit, self.config.lease_seconds, self._kinds, some_held=self._destinations.some_held
+            limit,
+            self.config.lease_seconds,
+            self._kinds,
+            some_held=self._destinations.some_held,
+            shares=self._shares(limit),
         )
         claimed = await self._start(open_heads)
         if len(claimed) < limit:
             held = self._destinations.claim(limit - len(claimed), self.config.lease_seconds, self._kinds)
             claimed += await self._start(held)
         return claimed
+
+    def _shares(self, limit: int) -> Shares | None:
+        """Each destination's room for a claim of `limit`, when one could pass its share in it (None: none
+        could, and the plain claim takes the first due)."""
+        share = self.config.destination_share
+        if max(self._by_destination.values(), default=0) + limit <= share:
+            return None
+        return Shares(share, {name: share - n for name, n in self._by_destination.items() if n > 0})
 
     async def _start(self, claim: Awaitable[list[ClaimedAction]]) -> list[ClaimedAction]:
         """The heads `claim` took (none when the database was unavailable), each attempt started."""
@@ -311,10 +326,15 @@ class Executor:
         started = asyncio.get_running_loop().time()
         task = asyncio.create_task(self._carry_out(attempt, started), name=f"outbox-action-{action.id}")
         self._inflight[task] = attempt
+        self._by_destination[action.destination] += 1
         task.add_done_callback(self._attempt_done)
 
     def _attempt_done(self, task: asyncio.Task[None]) -> None:
-        self._inflight.pop(task, None)
+        attempt = self._inflight.pop(task, None)
+        if attempt is not None:
+            self._by_destination[attempt.action.destination] -= 1
+            if self._by_destination[attempt.action.destination] <= 0:
+                del self._by_destination[attempt.action.destination]
         if self._wake is not None:
             self._wake.set()  # a slot is free, and the lane's next head may be ready
 

@@ -91,6 +91,26 @@ class SlowedDown:
 
 
 @dataclass(frozen=True)
+class Shares:
+    """The slots one destination may take in a claim while others have due heads: `cap` for a destination
+    with nothing in flight here, and `rooms` (the cap less its attempts in flight) for the others."""
+
+    cap: int
+    rooms: Mapping[str, int]
+
+
+@dataclass(frozen=True)
+class FailureRun:
+    """A destination's run of failed attempts and slow-downs since it last accepted one: how many, over how
+    many seconds, whether the failure just noted broke it, and whether it is broken."""
+
+    failures: int
+    seconds: float
+    newly_broken: bool
+    broken: bool
+
+
+@dataclass(frozen=True)
 class Turn:
     """An attempt's turn at a held destination: the seconds until it (0: now), whether the destination is
     paused (then no turn was given, and the seconds are the rest of the pause), and when the provider last
@@ -192,13 +212,30 @@ class ExecutorStore:
         return await self._bounded(merge)
 
     async def claim(
-        self, limit: int, lease_seconds: float, kinds: list[str], *, some_held: bool = False
+        self,
+        limit: int,
+        lease_seconds: float,
+        kinds: list[str],
+        *,
+        some_held: bool = False,
+        shares: Shares | None = None,
     ) -> list[ClaimedAction]:
         """Up to `limit` ready lane heads of `kinds` whose destination is not held, claimed under a lease of
         `lease_seconds`. `some_held`: a destination is held, so the heads are found destination by destination
-        (CLAIM_OPEN_DESTINATION_HEADS), and the held one's backlog is not read at every claim."""
-        statement = CLAIM_OPEN_DESTINATION_HEADS if some_held else CLAIM_READY_HEADS
-        rows = await self._rows(statement, {"limit": limit, "lease_seconds": lease_seconds, "kinds": kinds})
+        (CLAIM_OPEN_DESTINATION_HEADS), and the held one's backlog is not read at every claim. `shares`: a
+        destination could take more than its share of the executor's slots in this claim, so the heads are
+        found destination by destination too, each within its room first."""
+        params: dict[str, Any] = {"limit": limit, "lease_seconds": lease_seconds, "kinds": kinds}
+        if not some_held and shares is None:
+            rows = await self._rows(CLAIM_READY_HEADS, params)
+        else:
+            rooms = shares.rooms if shares is not None else {}
+            params |= {
+                "cap": shares.cap if shares is not None else limit,
+                "busy": list(rooms),
+                "rooms": list(rooms.values()),
+            }
+            rows = await self._rows(CLAIM_OPEN_DESTINATION_HEADS, params)
         return [claimed_action(row, fresh=True) for row in rows]
 
     async def claim_destination(
@@ -258,13 +295,15 @@ class ExecutorStore:
 
         return await self._bounded(write)
 
-    async def break_destination(self, name: str, kind: str, probe_seconds: float) -> bool:
-        """Mark `name` broken (its first probe `probe_seconds` later); whether it was not broken before."""
+    async def note_failure(self, name: str, kind: str, breaker: Mapping[str, float]) -> FailureRun:
+        """One more failed attempt or slow-down of `name` (destinations.NOTE_FAILURE, `breaker`: its `window`,
+        `min_failures` and `probe_seconds`): its run of failures as the row holds it, and whether this one
+        broke it."""
 
-        async def write(conn: psycopg.AsyncConnection[Any]) -> bool:
+        async def write(conn: psycopg.AsyncConnection[Any]) -> FailureRun:
             await _fetch(conn, destinations.ADD_DESTINATION, {"name": name, "kind": kind})
-            rows = await _fetch(conn, destinations.BREAK, {"name": name, "probe_seconds": probe_seconds})
-            return bool(rows and rows[0].newly)
+            row = (await _fetch(conn, destinations.NOTE_FAILURE, {"name": name, **breaker}))[0]
+            return FailureRun(row.failures, row.failing_seconds, row.newly, row.broken)
 
         return await self._bounded(write)
 

@@ -3,6 +3,7 @@
 
     DESTINATION_ROWS       every destination with a row or an action not ended, as they read it
     LIVE_DESTINATION_KIND  the kind a pause of a destination without a row gives it
+    DECLARED_DESTINATION_KIND  else, the declared kind whose own destination it is (nothing named it yet)
 """
 
 from __future__ import annotations
@@ -16,11 +17,14 @@ from outbox.store.destinations import _PACE_NOW
 # an operator's pause until resumed (its paused_until is 'infinity', which no client clock holds) as
 # `until_resumed`; how long a broken one has been broken; its pace now (`:levelled`, `:return_seconds`, `:pace_hold`
 # of outbox.executor.pacing); and the age of its oldest due head (ADMITTED, not expired: what the claim
-# takes when the destination allows; ix_agent_action_ready), the wait an action's expires_at bounds.
+# takes when the destination allows; ix_agent_action_ready), the wait an action's expires_at bounds. A head
+# that deferrals moved (its destination's pause, a turn far off) is due since it first was (`due_since`),
+# whoever paused the destination: `due` counts it, and the age counts from then.
 DESTINATION_ROWS = text(f"""
 WITH live AS (
     SELECT destination AS name, kind, count(*) AS waiting,
-           count(*) FILTER (WHERE state = 'ADMITTED' AND lane_head AND due_at <= now()) AS due, 0 AS executing
+           count(*) FILTER (WHERE state = 'ADMITTED' AND lane_head AND (due_at <= now() OR due_since IS NOT NULL))
+           AS due, 0 AS executing
       FROM agent_action WHERE state IN ('PROPOSED', 'ADMITTED') GROUP BY destination, kind
     UNION ALL
     SELECT destination, kind, 0, 0, count(*) FROM agent_action WHERE state = 'EXECUTING' GROUP BY destination, kind
@@ -28,9 +32,11 @@ WITH live AS (
     SELECT name, kind, sum(waiting)::bigint AS waiting, sum(due)::bigint AS due, sum(executing)::bigint AS executing
       FROM live GROUP BY name, kind
 ), oldest AS (
-    SELECT destination AS name, kind, extract(epoch FROM now() - min(due_at))::float8 AS oldest_due_seconds
+    SELECT destination AS name, kind,
+           extract(epoch FROM now() - min(coalesce(due_since, due_at)))::float8 AS oldest_due_seconds
       FROM agent_action
-     WHERE lane_head AND state = 'ADMITTED' AND due_at <= now() AND (expires_at IS NULL OR expires_at > now())
+     WHERE lane_head AND state = 'ADMITTED' AND (due_at <= now() OR due_since IS NOT NULL)
+       AND (expires_at IS NULL OR expires_at > now())
      GROUP BY destination, kind
 ), found AS (
     SELECT coalesce(d.name, l.name) AS name, coalesce(d.kind, l.kind) AS kind,
@@ -54,4 +60,14 @@ SELECT kind FROM agent_action WHERE state IN ('PROPOSED', 'ADMITTED') AND destin
 UNION
 SELECT kind FROM agent_action WHERE state = 'EXECUTING' AND destination = :name GROUP BY kind
  ORDER BY 1 LIMIT 1
+""")
+
+# a declared kind (agent_action_kind) whose own destination is `:name`: one of `:kinds` (the kinds the registry
+# of this process names it for), or else a kind whose name in lower case it is (what an action inserted without
+# a destination goes to), unless the registry gives that kind another (`:registered`: every kind it knows)
+DECLARED_DESTINATION_KIND = text("""
+SELECT name FROM agent_action_kind
+ WHERE name = ANY (CAST(:kinds AS text[]))
+    OR (lower(name) = :name AND name <> ALL (CAST(:registered AS text[])))
+ ORDER BY name LIMIT 1
 """)

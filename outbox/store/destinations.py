@@ -11,7 +11,8 @@ rates the executors set, and the operator's view and commands.
                    ─▶ SLOWED_AT, after waiting for the turn     (a provider's pause since voids it)
     slow-down     ─▶ ADD_DESTINATION, SLOW_DOWN              (pause; lower the pace)
                   ─▶ NOTIFY_PAUSED, when it paused the destination (every executor holds it at once)
-    breaker       ─▶ ADD_DESTINATION, BREAK; MEND            (broken since; a probe that succeeded)
+    failure       ─▶ ADD_DESTINATION, NOTE_FAILURE            (the run of failures; broken once it lasted)
+    success       ─▶ MEND, when held                          (a probe that succeeded)
     operator      ─▶ ADD_DESTINATION, PAUSE, RESUME (the list: outbox.store.destination_rows)
     testing.drain ─▶ END_PROVIDER_PAUSES
 
@@ -307,20 +308,50 @@ RETURNING {_SECONDS_UNTIL.format(t="d.paused_until")}::float8 AS pause_seconds, 
 PAUSED_CHANNEL = "outbox_destination_paused"
 NOTIFY_PAUSED = text(f"SELECT pg_notify('{PAUSED_CHANNEL}', :kind || ' ' || :name) IS NULL AS sent")
 
-# Every attempt failed for the breaker's window: the destination is broken; its first probe comes
-# `:probe_seconds` later. `newly`: it was not broken before.
-BREAK = text("""
+# An attempt that failed, or a slow-down, of a destination not known broken (its row made first by
+# ADD_DESTINATION): one more failure in its run (`failing_since`: the run's start, kept; `failures`: its count).
+# When the run has lasted `:window` seconds with at least `:min_failures`, the provider's record is read once
+# (ix_agent_action_ended, newest first): an attempt it accepted since the run began restarts the run from that
+# acceptance (this failure counted); none: the destination is broken, its first probe `:probe_seconds` later.
+# Judged so from the row, a dead receiver is broken whichever executor saw its attempts and however far apart
+# they came (heads that timed out, then waited their retries). `newly`: this call broke it; `broken`: it is.
+NOTE_FAILURE = text("""
+WITH locked AS MATERIALIZED (
+    SELECT name, failing_since, failures, broken_since FROM agent_destination WHERE name = :name FOR UPDATE
+), run AS MATERIALIZED (
+    SELECT l.*, coalesce(l.failing_since, now()) AS since,
+           CASE WHEN l.failing_since IS NULL THEN 0 ELSE l.failures END + 1 AS counted
+      FROM locked AS l
+), judged AS MATERIALIZED (
+    SELECT r.*, r.broken_since IS NULL AND r.counted >= :min_failures
+                AND r.since <= now() - make_interval(secs => :window) AS due_for_judgement
+      FROM run AS r
+), accepted AS MATERIALIZED (
+    SELECT j.*, CASE WHEN j.due_for_judgement THEN (
+               SELECT a.ended_at FROM agent_action AS a
+                WHERE a.ended_at > j.since AND a.destination = j.name AND a.state = 'DONE'
+                ORDER BY a.ended_at DESC LIMIT 1) END AS last_accepted
+      FROM judged AS j
+), decided AS MATERIALIZED (
+    SELECT a.*, a.due_for_judgement AND a.last_accepted IS NULL AS breaks FROM accepted AS a
+)
 UPDATE agent_destination AS d
-   SET broken_since = coalesce(d.broken_since, now()),
-       probe_at = coalesce(d.probe_at, now() + make_interval(secs => :probe_seconds)), updated_at = now()
-  FROM (SELECT name, broken_since IS NULL AS newly FROM agent_destination WHERE name = :name FOR UPDATE) AS old
- WHERE d.name = old.name
-RETURNING old.newly
+   SET failing_since = coalesce(c.last_accepted, c.since),
+       failures = CASE WHEN c.last_accepted IS NOT NULL THEN 1 ELSE c.counted END,
+       broken_since = CASE WHEN c.breaks THEN now() ELSE d.broken_since END,
+       probe_at = CASE WHEN c.breaks THEN now() + make_interval(secs => :probe_seconds) ELSE d.probe_at END,
+       updated_at = CASE WHEN c.breaks THEN now() ELSE d.updated_at END
+  FROM decided AS c
+ WHERE d.name = c.name
+RETURNING c.breaks AS newly, d.broken_since IS NOT NULL AS broken, d.failures,
+          extract(epoch FROM now() - d.failing_since)::float8 AS failing_seconds
 """)
 
-# An attempt succeeded (a probe, or any attempt that was in flight): the destination is no longer broken.
+# An attempt succeeded (a probe, or any attempt that was in flight): the destination is no longer broken, and
+# its run of failures is over.
 MEND = text("""
-UPDATE agent_destination SET broken_since = NULL, probe_at = NULL, updated_at = now()
+UPDATE agent_destination
+   SET broken_since = NULL, probe_at = NULL, failing_since = NULL, failures = 0, updated_at = now()
  WHERE name = :name AND broken_since IS NOT NULL
 RETURNING name
 """)
@@ -336,12 +367,14 @@ UPDATE agent_destination
 RETURNING name
 """)
 
-# An operator's resume: open again, paused by nobody, not broken, the learned pace forgotten (a configured
+# An operator's resume: open again, paused by nobody, not broken (its run of failures forgotten), the learned pace
+# forgotten (a configured
 # rate stays)
 RESUME = text("""
 UPDATE agent_destination
    SET paused_until = NULL, paused_by = NULL, pause_reason = NULL, slow_downs = 0, broken_since = NULL,
-       probe_at = NULL, pace = NULL, pace_at = NULL, slowed_at = NULL, updated_at = now()
+       probe_at = NULL, failing_since = NULL, failures = 0, pace = NULL, pace_at = NULL, slowed_at = NULL,
+       updated_at = now()
  WHERE name = :name
 RETURNING name
 """)

@@ -1,6 +1,7 @@
 """The executor's statements: the claim of lane heads, the sweep, the group commit, and the histogram bounds.
 
-    claim ─▶ CLAIM_READY_HEADS (CLAIM_OPEN_DESTINATION_HEADS while a destination is held)
+    claim ─▶ CLAIM_READY_HEADS (CLAIM_OPEN_DESTINATION_HEADS while a destination is held, or could pass its
+             share of the executor's slots)
     sweep ─▶ BEAT, EXPIRE_UNSTARTED, TAKE_BACK_EXPIRED_LEASES
     group commit (fences and results of many attempts) ─▶ FENCE_WRITES (the fences), COMMIT_WRITES (the rest)
 
@@ -82,11 +83,16 @@ PAIR_DUE_HEADS = """(
      FOR NO KEY UPDATE SKIP LOCKED
 )"""
 
-# The plain claim while some destination is held: the same heads, found destination by destination, so that
-# a held destination's due heads cost nothing however many they are. The (destination, kind) pairs that have
-# ready heads come from ix_agent_action_ready_destination, one descent each (a loose index scan); the pairs of
-# `:kinds` whose destination is not held give up to `:limit` due heads each, locked; the `:limit` first due of
-# them are claimed (the rest are let go when the statement ends).
+# The plain claim while some destination is held, or while one destination could take more than its share of
+# the executor's slots: the same heads, found destination by destination, so that a held destination's due
+# heads cost nothing however many they are. The (destination, kind) pairs that have ready heads come from
+# ix_agent_action_ready_destination, one descent each (a loose index scan); the pairs of `:kinds` whose
+# destination is not held give up to `:limit` due heads each, locked, numbered in due order; the `:limit`
+# claimed are first those within their destination's room (`:rooms` for the destinations this executor has
+# attempts of in flight, `:busy`, else `:cap`), in due order, then the rest, the least far past its room
+# first: while another destination has due heads, none takes more than its share, and a destination alone
+# still fills every free slot (the rest are let go when the statement ends). With `:cap` = `:limit` and no
+# room, the `:limit` first due.
 CLAIM_OPEN_DESTINATION_HEADS = text(f"""
 WITH RECURSIVE ready (destination, kind) AS (
     (SELECT a.destination, a.kind FROM agent_action AS a WHERE a.lane_head AND a.state = 'ADMITTED'
@@ -97,11 +103,17 @@ WITH RECURSIVE ready (destination, kind) AS (
          WHERE a.lane_head AND a.state = 'ADMITTED' AND (a.destination, a.kind) > (r.destination, r.kind)
          ORDER BY a.destination, a.kind LIMIT 1
     ) AS n
+), rooms AS MATERIALIZED (
+    SELECT b.name, b.room FROM unnest(CAST(:busy AS text[]), CAST(:rooms AS int[])) AS b (name, room)
 ), heads AS MATERIALIZED (
-    SELECT h.id FROM ready AS r CROSS JOIN LATERAL {PAIR_DUE_HEADS.format(p="r", limit=":limit")} AS h
+    SELECT h.id FROM ready AS r CROSS JOIN LATERAL (
+        SELECT p.id, p.due_at, row_number() OVER (ORDER BY p.due_at) AS n
+          FROM {PAIR_DUE_HEADS.format(p="r", limit=":limit")} AS p
+    ) AS h
      WHERE r.kind = ANY (CAST(:kinds AS text[]))
        AND r.destination <> ALL (ARRAY(SELECT name FROM agent_destination WHERE {HELD}))
-     ORDER BY h.due_at
+     ORDER BY greatest(0, h.n - coalesce((SELECT o.room FROM rooms AS o WHERE o.name = r.destination), :cap)),
+              h.due_at
      LIMIT :limit
 ){TAKE_HEADS}
 """)
@@ -176,8 +188,12 @@ RETURNING a.id
 #   fence:  write_started_at, while at least the write window of the lease is left
 #   finish: the result's values; an end lets go of its lane (lane_head), whose next holder the trigger marks.
 #           `fence`: keep, clear, or restore the value the attempt found at its claim (a deferral writes
-#           nothing, so an earlier write stays known). `last_error`: the result's reason; a result without
-#           one keeps the earlier reason, DONE clears it.
+#           nothing, so an earlier write stays known). A deferral while the action's destination is held
+#           (its pause, a turn far off) keeps when the action first became due (`due_since`: its due time
+#           before the first such deferral moved it), which the age gauges count from; any other result
+#           (a retry's backoff, an adapter's own deferral such as greylisting: the action's own wait)
+#           clears it. `last_error`: the result's reason; a result without one keeps the earlier reason,
+#           DONE clears it.
 #           The row values the guard stamps on an end (ended_at, no payload, no lane_head) and on any result (no lease)
 #           are written here, so its trigger's WHEN condition lets the row through without entering PL/pgSQL.
 #   both:   `trace`, the attempt's whole trace (what its claim found and what it noted) when it noted
@@ -235,6 +251,9 @@ WITH w AS MATERIALIZED (
            readback_ref = coalesce(f.readback_ref, a.readback_ref),
            last_error = CASE WHEN f.state = 'DONE' THEN NULL ELSE coalesce(f.last_error, a.last_error) END,
            due_at = CASE WHEN f.state = 'ADMITTED' THEN now() + make_interval(secs => f.delay) ELSE a.due_at END,
+           due_since = CASE WHEN f.state = 'ADMITTED' AND f.result = 'DEFER' AND EXISTS (
+                                     SELECT FROM agent_destination AS d WHERE d.name = a.destination AND ({HELD}))
+                            THEN coalesce(a.due_since, a.due_at) END,
            attempt = a.attempt - f.uncount,
            write_started_at = CASE f.fence WHEN 'clear' THEN NULL WHEN 'restore' THEN f.prior_write
                                            ELSE a.write_started_at END,

@@ -92,30 +92,37 @@ KIND_NAMES = text("SELECT name FROM agent_action_kind")
 # started, or the last attempt) is no claim. The heads of a destination held back (paused, broken, paced or
 # rated) wait for their destination, not for an executor: `actions` and `oldest_due_seconds` (0: none) leave
 # them out, and the destinations' own figures (outbox.store.destination_rows) count them; `heads` counts
-# every due lane head, theirs too, so that what waits behind a head is the due actions less `heads`.
+# the due lane heads of the other destinations, so that what waits behind a head is DUE_ADMITTED_BY_KIND's
+# actions less `heads`. A head
+# that deferrals moved (a pause, a turn far off) has waited since it first became due (`due_since`): the age
+# counts from then, though its due time is still to come.
 CLAIMABLE_BY_KIND = text(f"""
 WITH held AS MATERIALIZED (
     SELECT coalesce(array_agg(name), '{{}}') AS names FROM agent_destination WHERE {HELD}
 ), claimable AS (
-    SELECT a.kind, a.due_at AS since, true AS head, coalesce(a.destination = ANY (h.names), false) AS held
+    SELECT a.kind, coalesce(a.due_since, a.due_at) AS since, a.due_at <= now() AS due, true AS head,
+           coalesce(a.destination = ANY (h.names), false) AS held
       FROM agent_action AS a CROSS JOIN held AS h
-     WHERE a.lane_head AND a.state = 'ADMITTED' AND a.due_at <= now()
+     WHERE a.lane_head AND a.state = 'ADMITTED' AND (a.due_at <= now() OR a.due_since IS NOT NULL)
        AND (a.expires_at IS NULL OR a.expires_at > now())
     UNION ALL
-    SELECT a.kind, a.lease_expires_at, false, false
+    SELECT a.kind, a.lease_expires_at, true, false, false
       FROM agent_action AS a JOIN agent_action_kind AS k ON k.name = a.kind
      WHERE a.state = 'EXECUTING' AND a.lease_expires_at <= now() AND a.attempt < a.max_attempts
        AND NOT (k.at_most_once AND a.write_started_at IS NOT NULL)
 )
-SELECT kind, count(*) FILTER (WHERE NOT held) AS actions, count(*) FILTER (WHERE head) AS heads,
+SELECT kind, count(*) FILTER (WHERE due AND NOT held) AS actions,
+       count(*) FILTER (WHERE due AND head AND NOT held) AS heads,
        coalesce(extract(epoch FROM now() - min(since) FILTER (WHERE NOT held)), 0)::float8 AS oldest_due_seconds
   FROM claimable GROUP BY kind
 """)
-# ADMITTED actions due and not expired, by kind (ix_agent_action_admitted_due): the claimable lane heads
-# among them, and every action that waits for its lane (behind its head, or behind its executing action)
-DUE_ADMITTED_BY_KIND = text("""
+# ADMITTED actions due and not expired, by kind (ix_agent_action_admitted_due), but for the destinations held
+# back (whose actions wait for their destination: outbox.store.destination_rows counts them): the claimable
+# lane heads among them, and every action that waits for its lane (behind its head, or its executing action)
+DUE_ADMITTED_BY_KIND = text(f"""
 SELECT kind, count(*) AS actions FROM agent_action
  WHERE state = 'ADMITTED' AND due_at <= now() AND (expires_at IS NULL OR expires_at > now())
+   AND coalesce(destination <> ALL (ARRAY(SELECT name FROM agent_destination WHERE {HELD})), true)
  GROUP BY kind
 """)
 LEASES_BY_KIND = text("""

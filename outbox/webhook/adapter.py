@@ -199,8 +199,16 @@ class WebhookAdapter:
             except (httpx.RequestError, TimeoutError, OSError) as error:
                 call.failed(type(error).__name__)
                 if status is None:
-                    return _unanswered(stage, type(error).__name__, last)
+                    return _unanswered(stage, _what_happened(error, bound), last)
         return classify(status, head.get("retry-after"), answer[:RESPONSE_LIMIT], msg_id, uncounted)
+
+
+def _what_happened(error: BaseException, bound: float) -> str:
+    """A failed request in a few words: the bound on the whole request ran out ("no answer within 15 s"), or
+    the error's class (`ConnectError`, `ReadTimeout`: one of httpx's own bounds, `ConnectionResetError`)."""
+    if isinstance(error, TimeoutError):
+        return f"no answer within {bound:g} s"
+    return type(error).__name__
 
 
 def span_attributes(url: str) -> dict[str, tracing.AttributeValue]:

@@ -1,0 +1,192 @@
+"""A healthy endpoint B beside a broken endpoint A: B's drain and pickup, alone and while A is broken.
+
+    python -m bench.broken_neighbour [--actions 1000] [--lanes 100] [--rounds 3]
+
+    each round, alternated: B alone, then B beside A in each mode
+        503        A answers 503 without Retry-After to everything (slow-downs only)
+        hang       A answers nothing past the 15 s request bound, its actions over `--lanes` lanes
+        hang-lanes A answers nothing, one action per lane over 10 * `--lanes` lanes
+    ──▶ a fresh database; A's actions enqueued first (due first), then B's `--actions` over `--lanes` lanes;
+        two executors (outbox.executor.Executor, one process, a WebhookAdapter each, ExecutorConfig's
+        defaults) start together
+    ──▶ B's drain (start to its last DONE) and B's pickup p95 (an action's fence less the time it could be
+        claimed: its due time, or its lane's previous action's end, whichever came later), with the load
+        average at the end of the run
+    ─▶ a Markdown table: per mode, the median and spread (min-max) of the rounds, and the ratio of each
+       round's figure to the same round's B alone
+
+The server is OUTBOX_BENCH_DATABASE_URL or the benchmarks' embedded PostgreSQL (bench.harness).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import socket
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+
+from sqlalchemy import Engine, text
+
+from bench.broken_endpoint import SECRET, load_average
+from bench.harness import fresh_database, server_url
+from demo.receiver import Receiver
+from outbox.db import async_engine
+from outbox.executor import Executor
+from outbox.webhook import WebhookAdapter, enqueue_webhook, register_endpoint, register_webhook_event
+from tests.webhook_events import NumberedHook
+
+MODES = ("alone", "503", "hang", "hang-lanes")
+# the longest B may take to drain
+DRAIN_SECONDS = 600.0
+
+
+class ToA(NumberedHook):
+    name = "bench.to_a"
+    endpoint = "a"
+
+    def lane_key(self, event: dict[str, object]) -> str:
+        return f"a:{event['lane']}"
+
+
+class ToB(NumberedHook):
+    name = "bench.to_b"
+    endpoint = "b"
+
+    def lane_key(self, event: dict[str, object]) -> str:
+        return f"b:{event['lane']}"
+
+
+TO_A, TO_B = ToA(), ToB()
+
+
+@dataclass(frozen=True)
+class Run:
+    mode: str
+    drain_seconds: float
+    pickup_p95: float
+    load: str
+
+
+# B's pickups: each DONE action's fence less when it could be claimed (its due time, or the end of its lane's
+# previous action, whichever came later)
+PICKUPS = """
+SELECT extract(epoch FROM write_started_at - greatest(due_at, coalesce(previous_end, due_at)))::float8
+  FROM (SELECT write_started_at, due_at,
+               lag(ended_at) OVER (PARTITION BY lane_key ORDER BY id) AS previous_end
+          FROM agent_action WHERE destination = 'webhook:b' AND state = 'DONE') AS b
+"""
+
+
+def enqueue(engine: Engine, definition: NumberedHook, count: int, lanes: int) -> None:
+    with engine.begin() as conn:
+        for n in range(count):
+            enqueue_webhook(conn, definition, {"n": n, "lane": n % lanes})
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+async def one_run(url: str, engine: Engine, mode: str, actions: int, lanes: int, ports: tuple[int, int]) -> Run:
+    """One run on a fresh database; the endpoints' receivers start anew on the same `ports` each run (the
+    endpoints are registered once, with their URLs)."""
+    a, b = Receiver(SECRET, port=ports[0]).start(), Receiver(SECRET, port=ports[1]).start()
+    a.refusing = "503" if mode == "503" else "stall"
+    if mode != "alone":
+        enqueue(engine, TO_A, actions, 10 * lanes if mode == "hang-lanes" else lanes)
+    enqueue(engine, TO_B, actions, lanes)
+    aengine = async_engine(url)
+    adapters = [WebhookAdapter(aengine) for _ in range(2)]
+    executors = [Executor(aengine, [adapter]) for adapter in adapters]
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    tasks = [asyncio.create_task(executor.run()) for executor in executors]
+    try:
+        while _b_left(engine):
+            if loop.time() - started > DRAIN_SECONDS:
+                raise RuntimeError(f"B not drained after {DRAIN_SECONDS:.0f} s ({mode})")
+            await asyncio.sleep(0.05)
+        drained = loop.time() - started
+    finally:
+        for executor in executors:
+            executor.stop()
+        a.released.set()  # the stalled requests end, so the executors' attempts do
+        await asyncio.gather(*tasks)
+        for adapter in adapters:
+            await adapter.aclose()
+        await aengine.dispose()
+        a.stop()
+        b.stop()
+    with engine.connect() as conn:
+        pickups = sorted(float(p) for (p,) in conn.execute(text(PICKUPS)))
+    p95 = pickups[max(0, round(0.95 * len(pickups)) - 1)]
+    return Run(mode, drained, p95, load_average())
+
+
+def _b_left(engine: Engine) -> int:
+    with engine.connect() as conn:
+        left = "SELECT count(*) FROM agent_action WHERE destination = 'webhook:b' AND state <> 'DONE'"
+        return int(conn.execute(text(left)).scalar_one())
+
+
+def spread(values: list[float], fmt: str = "{:.1f}") -> str:
+    return f"{fmt.format(statistics.median(values))} ({fmt.format(min(values))}-{fmt.format(max(values))})"
+
+
+def table(rounds: list[dict[str, Run]]) -> str:
+    lines = [
+        "| A | B drain s, median (min-max) | drain / B alone, same round | B pickup p95 s | p95 / B alone |"
+        " load average at the runs' ends |",
+        "|---|---|---|---|---|---|",
+    ]
+    for mode in MODES:
+        runs = [r[mode] for r in rounds]
+        drains = [r.drain_seconds for r in runs]
+        pickups = [r.pickup_p95 for r in runs]
+        drain_ratios = [r[mode].drain_seconds / r["alone"].drain_seconds for r in rounds]
+        pickup_ratios = [r[mode].pickup_p95 / max(r["alone"].pickup_p95, 1e-3) for r in rounds]
+        loads = "; ".join(r.load for r in runs)
+        lines.append(
+            f"| {mode} | {spread(drains)} | {spread(drain_ratios, '{:.2f}x')} | {spread(pickups, '{:.2f}')}"
+            f" | {spread(pickup_ratios, '{:.2f}x')} | {loads} |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--actions", type=int, default=1000, help="actions to each endpoint")
+    parser.add_argument("--lanes", type=int, default=100)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    ports = free_port(), free_port()
+    for name, port in zip("ab", ports, strict=True):
+        register_endpoint(name, f"http://127.0.0.1:{port}/hooks", secret=SECRET)
+    register_webhook_event(TO_A)
+    register_webhook_event(TO_B)
+    started = time.monotonic()
+    rounds: list[dict[str, Run]] = []
+    for n in range(args.rounds):
+        found: dict[str, Run] = {}
+        for mode in MODES:
+            with fresh_database(server_url(), "outbox_bench_broken_neighbour") as (url, engine):
+                found[mode] = asyncio.run(one_run(url, engine, mode, args.actions, args.lanes, ports))
+            run = found[mode]
+            print(
+                f"round {n + 1} {mode}: B drained in {run.drain_seconds:.1f} s, pickup p95 {run.pickup_p95:.2f} s"
+                f" (load {run.load})",
+                file=sys.stderr,
+                flush=True,
+            )
+        rounds.append(found)
+    print(f"({time.monotonic() - started:.0f} s; load {load_average()})", file=sys.stderr)
+    print(table(rounds))
+
+
+if __name__ == "__main__":
+    main()

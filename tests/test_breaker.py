@@ -1,0 +1,210 @@
+"""The breaker, judged from a destination's row: whichever executor saw its failures, however far apart.
+
+    Retry or SlowDown ──▶ Destinations.saw ──▶ NOTE_FAILURE: agent_destination.failing_since kept, failures + 1
+    the run lasted `break_seconds`, with BREAK_FAILURES, nothing accepted since it began ──▶ broken
+    an attempt accepted meanwhile (a DONE in the actions' record) ──▶ the run starts again from it
+
+The time a run has lasted is made by moving `failing_since` back, as the minutes between a timed-out head's
+retries would; every executor here is a Destinations of its own on its own connection, as replicas are.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from sqlalchemy import Engine, text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from outbox.db import conninfo
+from outbox.executor import ActionAttempt, Executor, Result
+from outbox.executor.config import ExecutorConfig
+from outbox.executor.destinations import Destinations
+from outbox.executor.outcomes import Outcomes
+from outbox.executor.pacing import BREAK_FAILURES
+from outbox.executor.results import Done, Retry, SlowDown
+from outbox.executor.store import ExecutorStore
+from tests import kinds
+from tests.adapters import ScriptedAdapter, fence_and_confirm
+from tests.test_destinations import accepted_just_now, gated_action, insert_due
+from tests.test_nats import until_async
+
+CONFIG = ExecutorConfig()
+
+
+class Replica:
+    """One executor's side of destinations, on a connection of its own."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.store = ExecutorStore(conninfo(engine))
+        self.outcomes = Outcomes()
+        self.destinations = Destinations(self.store, [], CONFIG, self.outcomes)
+
+    async def fail(self, n: int, result: Retry | SlowDown) -> None:
+        for i in range(n):
+            await self.destinations.saw(gated_action(i), result)
+
+    def broke(self) -> int:
+        return self.outcomes.destinations[("test_noop", "broken")]
+
+
+def row(engine: Engine) -> Any:
+    with engine.connect() as conn:
+        return conn.execute(
+            text(
+                "SELECT broken_since IS NOT NULL AS broken, failures,"
+                " extract(epoch FROM now() - failing_since)::float8 AS failing_seconds"
+                " FROM agent_destination WHERE name = 'test_noop'"
+            )
+        ).one()
+
+
+def run_began(engine: Engine, seconds_ago: float) -> None:
+    """The run of failures began `seconds_ago`: the minutes a head's retry waits, passed."""
+    with engine.begin() as conn:
+        conn.execute(
+            text("UPDATE agent_destination SET failing_since = now() - make_interval(secs => :s)"), {"s": seconds_ago}
+        )
+
+
+async def replicas(engine: Engine, n: int) -> list[Replica]:
+    return [Replica(engine) for _ in range(n)]
+
+
+async def closed(found: list[Replica]) -> None:
+    for replica in found:
+        await replica.store.close()
+
+
+def test_failures_split_between_executors_and_minutes_apart_break_the_destination(engine: Engine) -> None:
+    """Two replicas, each seeing fewer failures than BREAK_FAILURES, the second ones after the first ones'
+    retries waited past the window: the destination's run holds them all, and it is broken once."""
+
+    async def scenario() -> tuple[int, int, Any, Any]:
+        first, second = found = await replicas(engine, 2)
+        try:
+            await first.fail(BREAK_FAILURES - 2, Retry("response: no answer within 15 s after the request was sent"))
+            before = row(engine)
+            run_began(engine, CONFIG.break_seconds + 180)
+            await second.fail(2, Retry("response: no answer within 15 s after the request was sent"))
+            return first.broke(), second.broke(), before, row(engine)
+        finally:
+            await closed(found)
+
+    first_broke, second_broke, before, after = asyncio.run(scenario())
+    assert not before.broken and before.failures == BREAK_FAILURES - 2
+    assert after.broken and after.failures == BREAK_FAILURES
+    assert (first_broke, second_broke) == (0, 1)
+
+
+def test_a_provider_that_only_slows_down_for_the_window_is_broken(engine: Engine) -> None:
+    """503 without Retry-After to everything: each a slow-down (the action waits the pause, uncounted), and
+    the run of them, as long as the window with nothing accepted, breaks the destination."""
+
+    async def scenario() -> tuple[Any, Any, int]:
+        (replica,) = found = await replicas(engine, 1)
+        try:
+            await replica.fail(BREAK_FAILURES, SlowDown(0.5, "503: the receiver did not take the webhook"))
+            within = row(engine)
+            run_began(engine, CONFIG.break_seconds + 1)
+            await replica.fail(1, SlowDown(0.5, "503: the receiver did not take the webhook"))
+            return within, row(engine), replica.broke()
+        finally:
+            await closed(found)
+
+    within, after, broke = asyncio.run(scenario())
+    assert not within.broken and within.failures == BREAK_FAILURES  # inside the window: paused, not broken
+    assert after.broken and broke == 1
+
+
+def test_an_attempt_accepted_during_the_run_starts_it_again_from_there(engine: Engine) -> None:
+    """A throttling provider refuses now and then and accepts in between: its runs never last the window."""
+
+    async def scenario() -> tuple[Any, Any]:
+        (replica,) = found = await replicas(engine, 1)
+        try:
+            await replica.fail(BREAK_FAILURES, Retry("503"))
+            run_began(engine, CONFIG.break_seconds + 60)
+            accepted_just_now(engine, 1)  # accepted after the run began: a DONE in the actions' record
+            await replica.fail(1, Retry("503"))
+            restarted = row(engine)
+            await replica.fail(BREAK_FAILURES, Retry("503"))
+            return restarted, row(engine)
+        finally:
+            await closed(found)
+
+    restarted, later = asyncio.run(scenario())
+    assert not restarted.broken and restarted.failures == 1 and restarted.failing_seconds < 60
+    assert not later.broken  # many failures since, but within the window of the acceptance
+
+
+def test_a_broken_destination_s_probe_that_succeeds_mends_it_and_ends_its_run(engine: Engine) -> None:
+    insert_due(engine, 1)
+
+    async def scenario() -> tuple[Any, int]:
+        (replica,) = found = await replicas(engine, 1)
+        try:
+            await replica.fail(BREAK_FAILURES, Retry("refused"))
+            run_began(engine, CONFIG.break_seconds)
+            await replica.fail(1, Retry("refused"))
+            await replica.fail(3, Retry("refused"))  # the probes' failures: nothing written
+            broken = row(engine)
+            await replica.destinations.saw(gated_action(0), Done("200"))
+            return broken, replica.outcomes.destinations[("test_noop", "mended")]
+        finally:
+            await closed(found)
+
+    broken, mended = asyncio.run(scenario())
+    assert broken.broken and broken.failures == BREAK_FAILURES + 1
+    assert mended == 1
+    after = row(engine)
+    assert not after.broken and after.failures == 0 and after.failing_seconds is None
+
+
+# -- one destination's share of an executor's slots ------------------------------------------------------------
+
+
+async def test_a_hanging_destination_keeps_no_more_than_its_share_while_another_has_due_heads(
+    engine: Engine, aengine: AsyncEngine
+) -> None:
+    """Destination `a` answers nothing until released, its 20 heads due an hour before `b`'s 10: of 8 slots
+    (a share of 2), `a` takes its share and a fair part of the rest beside `b`, never all of them, so every
+    `b` head ends meanwhile (without the share, the first claim took 8 of `a`'s heads and `b` waited for
+    them); once `b` has nothing due, `a` alone takes every free slot."""
+    insert_due(engine, 20, prefix="a", destination="a", due_hours_ago=1.0)
+    insert_due(engine, 10, prefix="b", destination="b")
+    released = asyncio.Event()
+    hanging: list[int] = []
+    beside_b: list[int] = []  # a's attempts hanging when each of b's ran
+
+    async def behaviour(attempt: ActionAttempt) -> Result:
+        if attempt.action.destination == "a":
+            hanging.append(attempt.action.id)
+            await released.wait()
+        else:
+            beside_b.append(len(hanging))
+        return await fence_and_confirm(attempt)
+
+    executor = Executor(aengine, [ScriptedAdapter(kinds.NOOP, behaviour)], ExecutorConfig(concurrency=8), listen=False)
+    running = asyncio.create_task(executor.run(until_idle=True))
+    try:
+        await until_async(lambda: done(aengine, "b", 10), 30, "every head of b DONE while a hangs")
+        await until_async(lambda: _true(len(hanging) == 8), 30, "a alone in every slot")
+    finally:
+        released.set()
+        await running
+    # never every slot while b had due heads: its share, and the slots b's last heads left free
+    assert max(beside_b) < 8, beside_b
+    assert await done(aengine, "a", 20)
+
+
+async def _true(value: bool) -> bool:
+    return value
+
+
+async def done(aengine: AsyncEngine, destination: str, count: int) -> bool:
+    async with aengine.connect() as conn:
+        found = await conn.execute(
+            text("SELECT count(*) FROM agent_action WHERE destination = :d AND state = 'DONE'"), {"d": destination}
+        )
+        return found.scalar_one() == count
