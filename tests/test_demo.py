@@ -311,3 +311,12 @@ def test_outside_a_clone_the_demo_says_so_in_one_line_and_starts_nothing(tmp_pat
     assert done.returncode == 2, done.stdout + done.stderr
     assert done.stderr.count("\n") == 1 and "runs from a clone of the outbox repository" in done.stderr, done.stderr
     assert not (tmp_path / "data").exists()
+
+
+def test_make_demo_passes_its_options_on() -> None:
+    """`make demo ARGS="..."` hands the options to `outbox demo`: `--help` answers and nothing starts."""
+    done = subprocess.run(
+        ["make", "--no-print-directory", "demo", "ARGS=--help"], cwd=ROOT, capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "--keep-running" in done.stdout and "Leave the stack up until Ctrl-C" in done.stdout, done.stdout
