@@ -261,10 +261,12 @@ def run_one(server: str, mode: str, kind: str, actions: int, collector: SpanCoun
     return dict(json.loads(done.stdout.splitlines()[-1]))
 
 
-def share_round(calls: int) -> dict[str, dict[str, list[float]]]:
-    """One round of bench.otel_share, in a process of its own (it sets its own tracer provider)."""
+def share_round(calls: int, round_number: int) -> dict[str, dict[str, list[float]]]:
+    """One round of bench.otel_share, in a process of its own (it sets its own tracer provider), its order
+    rotated by the round's number."""
+    command = [sys.executable, "-m", "bench.otel_share", "--calls", str(calls), "--rounds", "1", "--json"]
     done = subprocess.run(
-        [sys.executable, "-m", "bench.otel_share", "--calls", str(calls), "--rounds", "1", "--json"],
+        [*command, "--first-round", str(round_number)],
         env={**os.environ, "PYTHONPATH": str(harness.ROOT)},
         cwd=harness.ROOT,
         capture_output=True,
@@ -304,7 +306,7 @@ def main() -> None:
             for mode in order:
                 results[(kind, mode)].append(run_one(server, mode, kind, args.actions, collector))
                 print(f"round {round_number + 1} {kind} {mode}: {results[(kind, mode)][-1]}", file=sys.stderr)
-        for context, paths in share_round(args.share_calls).items():
+        for context, paths in share_round(args.share_calls, round_number).items():
             for path, values in paths.items():
                 shares.setdefault(context, {}).setdefault(path, []).extend(values)
     print(f"PostgreSQL {harness.server_version(server)}, {args.actions} actions, {args.rounds} rounds alternated")

@@ -20,6 +20,7 @@ median of the rounds' differences (outbox's share).
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import statistics
 import time
@@ -130,8 +131,10 @@ def lean_path(stored: dict[str, str] | None) -> Callable[[], None]:
 PATHS = {"outbox": outbox_path, "direct": direct_path, "lean": lean_path}
 
 
-def measure(calls: int, rounds: int) -> dict[str, dict[str, list[float]]]:
-    """CPU µs per attempt for every (context, path), `rounds` times, alternated."""
+def measure(calls: int, rounds: int, first_round: int = 0) -> dict[str, dict[str, list[float]]]:
+    """CPU µs per attempt for every (context, path), `rounds` times, the order rotated by round (from
+    `first_round`: a caller running one round per process carries the rotation on). Each timing starts after
+    a garbage collection, so that no case pays for the garbage of the one before."""
     from opentelemetry import trace
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased
@@ -143,10 +146,11 @@ def measure(calls: int, rounds: int) -> dict[str, dict[str, list[float]]]:
     for run in runs.values():
         for _ in range(calls // 10):  # warm up
             run()
-    for round_number in range(rounds):
+    for round_number in range(first_round, first_round + rounds):
         shift = round_number % len(cases)
         for context, path in cases[shift:] + cases[:shift]:
             run = runs[(context, path)]
+            gc.collect()
             started = time.process_time()
             for _ in range(calls):
                 run()
@@ -181,8 +185,9 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=20000)
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--json", action="store_true", help="print the measures as JSON")
+    parser.add_argument("--first-round", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    found = measure(args.calls, args.rounds)
+    found = measure(args.calls, args.rounds, args.first_round)
     print(json.dumps(found) if args.json else "\n".join(table(found)))
 
 

@@ -32,6 +32,7 @@ import logging
 import sys
 from collections.abc import Mapping
 from functools import cache
+from types import ModuleType
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -126,8 +127,7 @@ class AttemptSpan:
     def __enter__(self) -> AttemptSpan:
         if not installed():
             return self
-        from opentelemetry import context, trace
-
+        context, trace = _api()
         stored = self._stored
         if not sdk_configured():
             # nothing would record: no span, only the stored context made current, for the provider call
@@ -147,9 +147,7 @@ class AttemptSpan:
 
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, _: object) -> None:
         if self._token is not None:
-            from opentelemetry import context
-
-            context.detach(self._token)  # type: ignore[arg-type]
+            _api()[0].detach(self._token)
         if self._span is not None:
             _end(self._span, error)
 
@@ -183,6 +181,14 @@ def _end(span: Span, error: BaseException | None) -> None:
         span.set_attribute("error.type", type(error).__qualname__)
         span.set_status(Status(StatusCode.ERROR, type(error).__qualname__))
     span.end()
+
+
+@cache
+def _api() -> tuple[ModuleType, ModuleType]:
+    """The API's context and trace modules, imported once: an attempt would otherwise import them five times."""
+    from opentelemetry import context, trace
+
+    return context, trace
 
 
 @cache
@@ -227,9 +233,7 @@ def fence_event(refusal: str | None) -> None:
     """The fence's answer as an event of the current span (the attempt's)."""
     if "opentelemetry.trace" not in sys.modules:
         return
-    from opentelemetry import trace
-
-    span = trace.get_current_span()
+    span = _api()[1].get_current_span()
     if span.is_recording():
         span.add_event(
             "outbox.fence",
@@ -257,8 +261,7 @@ class ProviderSpan:
     def __enter__(self) -> ProviderSpan:
         if "opentelemetry.trace" not in sys.modules:
             return self
-        from opentelemetry import context, trace
-
+        context, trace = _api()
         if trace.get_current_span().is_recording():
             kind = trace.SpanKind.PRODUCER if self._producer else trace.SpanKind.CLIENT
             self._span = span = _tracer().start_span(self._name, kind=kind, attributes=self._attributes)
@@ -268,9 +271,7 @@ class ProviderSpan:
 
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, _: object) -> None:
         if self._token is not None:
-            from opentelemetry import context
-
-            context.detach(self._token)  # type: ignore[arg-type]
+            _api()[0].detach(self._token)
         if self._span is not None:
             _end(self._span, error)
 
