@@ -2,11 +2,11 @@
 
     any logger (outbox's, httpx, httpcore, aiosmtplib, nats, Prefect's, ...) ─ makes a record ─▶
       the record factory installed by `hide_secrets_in_logs`:
-        the message and each argument that shows a URL's secret ─▶ the same with it as ***
+        the message as formatted, showing a URL's secret ─▶ that message with it as ***, no arguments
         (`outbox.masking.hide_url_secrets`: a URL's query and fragment, its user information's password or
         token; `hide_credentials`: a password=... parameter)
-        the message as formatted still showing one (a URL built from two arguments) ─▶ that text, no arguments
         a traceback or stack that shows one ─▶ its text hidden, the exception itself dropped from the record
+        a record that shows none ─▶ left as it is (one search for "://" or "password" tells most of them)
     ─▶ every handler (a console, a file, Prefect's API log handler shipping to the Prefect server)
 
 A record factory, not a handler's filter or formatter, because it holds for every handler whoever added
@@ -17,7 +17,7 @@ Installed once per process by `outbox`'s commands, `outbox worker`'s supervisor 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+import re
 from typing import Any
 
 from outbox.masking import hide_credentials, hide_url_secrets
@@ -48,52 +48,31 @@ def hide_secrets_in_logs() -> None:
 
 
 def hide_record(record: logging.LogRecord) -> None:
-    """Hide `record`'s message, traceback and stack in place; a record that shows no secret is left as it is."""
+    """Hide `record`'s message, traceback and stack in place. A record whose message shows a secret becomes
+    that message hidden, with no arguments (whichever argument or the format itself showed it); a record
+    that shows none is left as it is."""
     try:
-        message: str | None = record.getMessage()
-    except Exception:  # a message that does not format: its handler reports it, with what it holds hidden
-        message = None
-    if message is None or hidden_text(message) != message:
-        _hide_message(record, message)
+        message = record.getMessage()
+    except Exception:  # arguments that do not suit the format: said in the line, instead of a logging error
+        record.msg, record.args = f"{record.msg} (arguments that do not suit it: {record.args!r})", ()
+        message = record.msg
+    hidden = _hidden(message)
+    if hidden != message:
+        record.msg, record.args = hidden, ()
     if record.exc_info and record.exc_info[1] is not None:
         shown = logging.Formatter().formatException(record.exc_info)
-        if hidden_text(shown) != shown:
-            record.exc_text, record.exc_info = hidden_text(shown), None
+        hidden = _hidden(shown)
+        if hidden != shown:
+            record.exc_text, record.exc_info = hidden, None
     if record.exc_text:
-        record.exc_text = hidden_text(record.exc_text)
+        record.exc_text = _hidden(record.exc_text)
     if record.stack_info:
-        record.stack_info = hidden_text(record.stack_info)
+        record.stack_info = _hidden(record.stack_info)
 
 
-def _hide_message(record: logging.LogRecord, message: str | None) -> None:
-    """Each argument that shows a secret as its hidden text, so the record keeps its format and arguments
-    (a formatter that reads them still can); when the format itself or the arguments together show one, the
-    hidden message with no arguments."""
-    args: Any = record.args
-    if isinstance(args, Mapping):
-        args = {name: _hidden_argument(value) for name, value in args.items()}
-    elif args:
-        args = tuple(_hidden_argument(value) for value in args)
-    msg = str(record.msg)
-    if message is None:
-        record.msg, record.args = hidden_text(msg), args
-        return
-    if hidden_text(msg) == msg:
-        try:
-            kept = msg % args if args else msg
-        except Exception:  # an argument that became text no longer suits its %d: the whole message instead
-            kept = message
-        if hidden_text(kept) == kept:
-            record.args = args
-            return
-    record.msg, record.args = hidden_text(message), ()
+def _hidden(text: str) -> str:
+    """`hidden_text`, after a quick look for what it hides (most lines hold no URL and no password)."""
+    return hidden_text(text) if _MAY_HOLD_A_SECRET.search(text) else text
 
 
-def _hidden_argument(value: object) -> object:
-    """`value` as it is, or as its hidden text when that shows a secret (a number never does: `%d` keeps
-    working)."""
-    if value is None or isinstance(value, int | float):
-        return value
-    shown = value if isinstance(value, str) else str(value)
-    hidden = hidden_text(shown)
-    return value if hidden == shown else hidden
+_MAY_HOLD_A_SECRET = re.compile(r"://|password", re.IGNORECASE)

@@ -1,6 +1,6 @@
 """A URL's secret never reaches a log line: `hide_url_secrets` over arbitrary URLs in arbitrary text, and the
 record factory over the shapes a library's record takes (a URL object as an argument, a URL built from two
-arguments, a traceback, a mapping, a `%d`).
+arguments, a traceback, a mapping, a `%d`, arguments that do not suit the format).
 
 Properties run derandomized (the `logs-ci` profile, 300 examples); `HYPOTHESIS_PROFILE=long` runs 5,000.
 """
@@ -172,11 +172,14 @@ def test_a_record_without_a_secret_keeps_its_format_and_arguments(lines: io.Stri
     made: list[logging.LogRecord] = []
     handler = logging.Handler()
     handler.emit = made.append  # type: ignore[method-assign]
-    logging.getLogger("t").addHandler(handler)
+    logger = logging.getLogger("t")
+    logger.addHandler(handler)
     try:
-        logging.getLogger("t").info("%s %d", "https://h/p", 4)
-        logging.getLogger("t").info("%s %d", "https://h/p?q=1", 4)
+        logger.info("%s %d", "https://h/p", 4)
+        logger.info("%s %d", "https://h/p?q=1", 4)
+        logger.info("%d attempts", "https://h/p?q=ZKwrong")  # arguments that do not suit the format
     finally:
-        logging.getLogger("t").removeHandler(handler)
+        logger.removeHandler(handler)
     assert (made[0].msg, made[0].args) == ("%s %d", ("https://h/p", 4))
-    assert (made[1].msg, made[1].args) == ("%s %d", ("https://h/p?***", 4))
+    assert (made[1].msg, made[1].args) == ("https://h/p?*** 4", ())
+    assert (made[2].msg, made[2].args) == ("%d attempts (arguments that do not suit it: ('https://h/p?***',))", ())
