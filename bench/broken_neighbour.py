@@ -1,11 +1,13 @@
 """A healthy endpoint B beside a broken endpoint A: B's drain and pickup, alone and while A is broken.
 
-    python -m bench.broken_neighbour [--actions 1000] [--lanes 100] [--rounds 3]
+    python -m bench.broken_neighbour [--actions 1000] [--lanes 100] [--rounds 3] [--modes alone,503,...]
 
     each round, alternated: B alone, then B beside A in each mode
         503        A answers 503 without Retry-After to everything (slow-downs only)
         hang       A answers nothing past the 15 s request bound, its actions over `--lanes` lanes
         hang-lanes A answers nothing, one action per lane over 10 * `--lanes` lanes
+        hang-lanes-unshared  the same, with no destination's share (`destination_slots` = `concurrency`):
+                   what the share changes, measured in the same run
     ──▶ a fresh database; A's actions enqueued first (due first), then B's `--actions` over `--lanes` lanes;
         two executors (outbox.executor.Executor, one process, a WebhookAdapter each, ExecutorConfig's
         defaults) start together
@@ -34,11 +36,12 @@ from bench.broken_endpoint import SECRET, load_average
 from bench.harness import fresh_database, server_url
 from demo.receiver import Receiver
 from outbox.db import async_engine
-from outbox.executor import Executor
+from outbox.executor import Executor, ExecutorConfig
+from outbox.executor.config import DEFAULTS
 from outbox.webhook import WebhookAdapter, enqueue_webhook, register_endpoint, register_webhook_event
 from tests.webhook_events import NumberedHook
 
-MODES = ("alone", "503", "hang", "hang-lanes")
+MODES = ("alone", "503", "hang", "hang-lanes", "hang-lanes-unshared")
 # the longest B may take to drain
 DRAIN_SECONDS = 600.0
 
@@ -98,11 +101,12 @@ async def one_run(url: str, engine: Engine, mode: str, actions: int, lanes: int,
     a, b = Receiver(SECRET, port=ports[0]).start(), Receiver(SECRET, port=ports[1]).start()
     a.refusing = "503" if mode == "503" else "stall"
     if mode != "alone":
-        enqueue(engine, TO_A, actions, 10 * lanes if mode == "hang-lanes" else lanes)
+        enqueue(engine, TO_A, actions, 10 * lanes if mode.startswith("hang-lanes") else lanes)
     enqueue(engine, TO_B, actions, lanes)
     aengine = async_engine(url)
     adapters = [WebhookAdapter(aengine) for _ in range(2)]
-    executors = [Executor(aengine, [adapter]) for adapter in adapters]
+    config = ExecutorConfig(destination_slots=DEFAULTS.concurrency) if mode.endswith("unshared") else DEFAULTS
+    executors = [Executor(aengine, [adapter], config) for adapter in adapters]
     loop = asyncio.get_running_loop()
     started = loop.time()
     tasks = [asyncio.create_task(executor.run()) for executor in executors]
@@ -138,13 +142,13 @@ def spread(values: list[float], fmt: str = "{:.1f}") -> str:
     return f"{fmt.format(statistics.median(values))} ({fmt.format(min(values))}-{fmt.format(max(values))})"
 
 
-def table(rounds: list[dict[str, Run]]) -> str:
+def table(rounds: list[dict[str, Run]], modes: list[str]) -> str:
     lines = [
         "| A | B drain s, median (min-max) | drain / B alone, same round | B pickup p95 s | p95 / B alone |"
         " load average at the runs' ends |",
         "|---|---|---|---|---|---|",
     ]
-    for mode in MODES:
+    for mode in modes:
         runs = [r[mode] for r in rounds]
         drains = [r.drain_seconds for r in runs]
         pickups = [r.pickup_p95 for r in runs]
@@ -163,7 +167,11 @@ def main() -> None:
     parser.add_argument("--actions", type=int, default=1000, help="actions to each endpoint")
     parser.add_argument("--lanes", type=int, default=100)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--modes", default=",".join(MODES), help="the modes run in each round, in this order")
     args = parser.parse_args()
+    modes = ["alone", *(m for m in args.modes.split(",") if m != "alone")]
+    if unknown := set(modes) - set(MODES):
+        parser.error(f"unknown modes: {', '.join(sorted(unknown))}")
     ports = free_port(), free_port()
     for name, port in zip("ab", ports, strict=True):
         register_endpoint(name, f"http://127.0.0.1:{port}/hooks", secret=SECRET)
@@ -173,7 +181,7 @@ def main() -> None:
     rounds: list[dict[str, Run]] = []
     for n in range(args.rounds):
         found: dict[str, Run] = {}
-        for mode in MODES:
+        for mode in modes:
             with fresh_database(server_url(), "outbox_bench_broken_neighbour") as (url, engine):
                 found[mode] = asyncio.run(one_run(url, engine, mode, args.actions, args.lanes, ports))
             run = found[mode]
@@ -185,7 +193,7 @@ def main() -> None:
             )
         rounds.append(found)
     print(f"({time.monotonic() - started:.0f} s; load {load_average()})", file=sys.stderr)
-    print(table(rounds))
+    print(table(rounds, modes))
 
 
 if __name__ == "__main__":

@@ -40,8 +40,12 @@ class Replica:
         self.outcomes = Outcomes()
         self.destinations = Destinations(self.store, [], CONFIG, self.outcomes)
 
-    async def fail(self, n: int, result: Retry | SlowDown) -> None:
+    async def fail(self, n: int, result: Retry | SlowDown, engine: Engine | None = None) -> None:
+        """`n` attempts answered `result`; with `engine`, each after the pause before it is over."""
         for i in range(n):
+            if engine is not None:
+                with engine.begin() as conn:
+                    conn.execute(text("UPDATE agent_destination SET paused_until = now()"))
             await self.destinations.saw(gated_action(i), result)
 
     def broke(self) -> int:
@@ -101,18 +105,22 @@ def test_a_provider_that_only_slows_down_for_the_window_is_broken(engine: Engine
     """503 without Retry-After to everything: each a slow-down (the action waits the pause, uncounted), and
     the run of them, as long as the window with nothing accepted, breaks the destination."""
 
-    async def scenario() -> tuple[Any, Any, int]:
+    async def scenario() -> tuple[Any, Any, Any, int]:
         (replica,) = found = await replicas(engine, 1)
         try:
-            await replica.fail(BREAK_FAILURES, SlowDown(0.5, "503: the receiver did not take the webhook"))
+            refused = SlowDown(0.5, "503: the receiver did not take the webhook")
+            await replica.fail(3, refused)  # one pause: the slow-downs answered during it are the same refusal
+            one_pause = row(engine)
+            await replica.fail(BREAK_FAILURES - 1, refused, engine)  # a pause each
             within = row(engine)
             run_began(engine, CONFIG.break_seconds + 1)
-            await replica.fail(1, SlowDown(0.5, "503: the receiver did not take the webhook"))
-            return within, row(engine), replica.broke()
+            await replica.fail(1, refused, engine)
+            return one_pause, within, row(engine), replica.broke()
         finally:
             await closed(found)
 
-    within, after, broke = asyncio.run(scenario())
+    one_pause, within, after, broke = asyncio.run(scenario())
+    assert one_pause.failures == 1
     assert not within.broken and within.failures == BREAK_FAILURES  # inside the window: paused, not broken
     assert after.broken and broke == 1
 

@@ -12,7 +12,7 @@
               (SLOWED_AT): it takes another; a wait over GATE_WAIT_SECONDS: DestinationWaits
     result ──SlowDown──▶ held here at once; slow_down: pause and lower the pace for every executor; the
                          action waits the pause
-           ──Retry, SlowDown──▶ NOTE_FAILURE: one more in the destination's run of failures, kept on its row
+           ──Retry, a SlowDown that paused──▶ NOTE_FAILURE: one more in the destination's run, kept on its row
                         for every executor; at least BREAK_FAILURES over `break_seconds` and none accepted
                         since the run began: broken (one probe every `probe_seconds`)
            ──Done─────▶ nothing written for an open destination (the next judgement finds the acceptance
@@ -171,8 +171,10 @@ class Destinations:
                 self._paused[name] = action.kind.name
                 pace = f"; pace {slowed.pace:.3g}/s" if slowed.pace is not None else ""
                 self._change(name, action.kind.name, "paused", f"{result.reason}{pace}", slowed.pause_seconds)
-            # a provider that only slows down, for as long as the breaker's window, is broken as well
-            await self._failed(name, action.kind.name)
+            # a provider that only slows down, for as long as the breaker's window, is broken as well: each
+            # pause counts once (the slow-downs answered during it are the same refusal)
+            if slowed.newly_paused:
+                await self._failed(name, action.kind.name)
             # the action waits the pause; an operator's pause until resumed, the longest a slow-down waits
             return dataclasses.replace(result, after=min(max(0.0, slowed.pause_seconds), PAUSE_CAP_SECONDS))
         if isinstance(result, Retry):

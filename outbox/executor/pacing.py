@@ -69,18 +69,18 @@ fence and, if the provider paused the destination meanwhile, takes a turn again;
 provider refused would otherwise reach it one after another at that pace, each refused, for as long as the queue
 at the gate was (seconds, at a cold start).
 
-Breaker. Every failed attempt (a Retry: refused, reset, 5xx, no answer) and every slow-down of a destination
-not known broken adds to its run of failures, kept on its row for every executor (`failing_since`, `failures`).
-A run that has lasted `ExecutorConfig.break_seconds` (120 s), with at least BREAK_FAILURES in it, and during which
-the destination accepted no attempt (read from the actions' record, once, when the run is judged; an acceptance
-starts the run again from it), marks it broken: no executor claims for it but one probe every
-`ExecutorConfig.probe_seconds` (15 s; the probe's attempt counts as any other; a provider's pause still holds
-it back); the first attempt that succeeds mends it. The window is judged from the row, not from attempts that
-happen to fall inside it: heads that timed out and then wait their retries for minutes are broken at their next
-failure, whichever executor sees it. 120 s is longer than a receiver's restart or a deploy and twice the window
-of a per-minute quota (a provider refusing until its minute turns accepts again within it), and short enough that
-a dead receiver is seen, and alerted on, about two minutes after it stopped accepting. An attempt accepted writes
-nothing here: only failures do.
+Breaker. Every failed attempt (a Retry: refused, reset, 5xx, no answer) and every pause a slow-down made (the slow-downs
+answered during it are the same refusal) of a destination not known broken adds to its run of failures, kept on its row
+for every executor (`failing_since`, `failures`). A run that has lasted `ExecutorConfig.break_seconds` (120 s), with at
+least BREAK_FAILURES in it, and during which the destination accepted no attempt (read from the actions' record, once,
+when the run is judged; an acceptance starts the run again from it), marks it broken: no executor claims for it but one
+probe every `ExecutorConfig.probe_seconds` (15 s; the probe's attempt counts as any other; a provider's pause still
+holds it back); the first attempt that succeeds mends it. The window is judged from the row, not from attempts that
+happen to fall inside it: heads that timed out and then wait their retries for minutes are broken at their next failure,
+whichever executor sees it. 120 s is longer than a receiver's restart or a deploy and twice the window of a per-minute
+quota (a provider refusing until its minute turns accepts again within it), and short enough that a dead receiver is
+seen, and alerted on, about two minutes after it stopped accepting. An attempt accepted writes nothing here: only
+failures do.
 """
 
 from __future__ import annotations

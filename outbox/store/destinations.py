@@ -308,13 +308,13 @@ RETURNING {_SECONDS_UNTIL.format(t="d.paused_until")}::float8 AS pause_seconds, 
 PAUSED_CHANNEL = "outbox_destination_paused"
 NOTIFY_PAUSED = text(f"SELECT pg_notify('{PAUSED_CHANNEL}', :kind || ' ' || :name) IS NULL AS sent")
 
-# An attempt that failed, or a slow-down, of a destination not known broken (its row made first by
-# ADD_DESTINATION): one more failure in its run (`failing_since`: the run's start, kept; `failures`: its count).
-# When the run has lasted `:window` seconds with at least `:min_failures`, the provider's record is read once
+# An attempt that failed, or a slow-down that paused it, of a destination not known broken (its row made first by
+# ADD_DESTINATION): one more failure in its run (`failing_since`: the run's start, kept; `failures`: its count). When
+# the run has lasted `:window` seconds with at least `:min_failures`, the provider's record is read once
 # (ix_agent_action_ended, newest first): an attempt it accepted since the run began restarts the run from that
-# acceptance (this failure counted); none: the destination is broken, its first probe `:probe_seconds` later.
-# Judged so from the row, a dead receiver is broken whichever executor saw its attempts and however far apart
-# they came (heads that timed out, then waited their retries). `newly`: this call broke it; `broken`: it is.
+# acceptance (this failure counted); none: the destination is broken, its first probe `:probe_seconds` later. Judged so
+# from the row, a dead receiver is broken whichever executor saw its attempts and however far apart they came (heads
+# that timed out, then waited their retries). `newly`: this call broke it; `broken`: it is.
 NOTE_FAILURE = text("""
 WITH locked AS MATERIALIZED (
     SELECT name, failing_since, failures, broken_since FROM agent_destination WHERE name = :name FOR UPDATE
