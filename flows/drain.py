@@ -1,9 +1,9 @@
 """outbox-drain: one executor per flow run, relayed from run to run so the history stays small.
 
     scheduled run ──▶ Executor.run() until it hands over, is stopped, or spends a given budget
-                  ├─ once claiming: tag the run kind:<KIND> and env:<environment>
-                  ├─ every 2 s: the deployment's claiming runs, newest first, and the pool's ONLINE workers;
-                  │  a run with as many newer runs as there are workers hands over (stops its executor)
+                  ├─ once claiming: tag the run kind:<KIND>, env:<environment> and worker:<its worker>
+                  ├─ every 2 s: the deployment's claiming runs and the pool's ONLINE workers; a run that is
+                  │  not among those the relay keeps (one per worker) hands over (stops its executor)
                   ├─ once claiming, then every 30 s: the live view (flows.live): the attempts so far, the
                   │  backlog and the deepest lanes, in an artifact updated in place and a log line a minute
                   ├─ each action ended UNCERTAIN or FAILED, of any kind ──▶ one Prefect event
@@ -11,12 +11,14 @@
                   └─▶ one INFO summary line; a table artifact only when the run attempted something
 
 The relay. The deployment starts one run per schedule tick (every 300 s by default: 288 runs a day). A run
-tags itself (`kind:<KIND>`, `env:<environment>`) once its executor claims, and keeps its executor until
-the tagged runs newer than it number as many as the pool's ONLINE workers; then it stops claiming and
-ends. With N workers, N runs (so N executors) are Running in steady state, each for about N ticks. A
-handover starts only once the successor's executor claims, and overlaps it by at most one check (2 s)
-plus the hand-back, so the count of executors never drops at a handover. Which worker takes a tick is
-Prefect's choice (the first to poll), so a worker may hold two runs while another holds none.
+tags itself (`kind:<KIND>`, `env:<environment>`, `worker:<name>`) once its executor claims. The relay keeps
+as many claiming runs as the pool has ONLINE workers: each worker's newest run first (the newest of those
+first), then each worker's second newest, and so on; every other run stops claiming and ends. Which worker
+takes a tick is Prefect's choice (the first to poll): a worker that takes a new run while it holds one
+hands its older run over, whichever run is oldest overall, so the runs stay one per worker instead of
+piling onto one. With N workers, N runs (so N executors) are Running in steady state. A handover starts
+only once the successor's executor claims, and overlaps it by at most one check (2 s) plus the hand-back,
+so the count of executors never drops at a handover.
 
 Webhook secrets. Before its adapters are built, a run reads the Prefect Secret block `outbox-webhook-<name>`
 for each registered webhook endpoint whose secret neither the code nor `OUTBOX_WEBHOOK_SECRET_<NAME>` gives.
@@ -54,6 +56,7 @@ import logging
 import os
 import signal
 import socket
+from collections import Counter
 from datetime import UTC, datetime
 from typing import Any, cast
 from uuid import UUID
@@ -97,6 +100,8 @@ HANDOVER_CHECK_SECONDS = 2.0
 REPLACEMENT_WAIT_SECONDS = 30.0
 # a run carries `kind:<KIND>` tags while its executor claims: the relay counts those runs only
 CLAIMING_TAG = "kind:"
+# and `worker:<name>`, the worker that started it: the relay keeps one run per worker first
+WORKER_TAG = "worker:"
 # the key of the table artifact a run that attempted something leaves when it ends
 SUMMARY_KEY = "outbox-drain-summary"
 # the Prefect Secret block a webhook endpoint's secret is read from when neither the code nor the
@@ -130,11 +135,15 @@ async def webhook_secrets_from_prefect() -> None:
     )
 
 
+def worker_name() -> str:
+    """The worker that started this run (the host's name outside a worker)."""
+    return os.environ.get("PREFECT__WORKER_NAME") or socket.gethostname()
+
+
 def run_name() -> str:
     """`<worker> <window start, UTC>`: which replica ran the window, and when it was due."""
-    worker = os.environ.get("PREFECT__WORKER_NAME") or socket.gethostname()
     start = this_run.scheduled_start_time.astimezone(UTC)
-    return f"{worker} {start:%Y-%m-%d %H:%M:%S}Z"
+    return f"{worker_name()} {start:%Y-%m-%d %H:%M:%S}Z"
 
 
 @flow(name="outbox-drain", flow_run_name=run_name, retries=0, log_prints=False)
@@ -293,6 +302,7 @@ async def tag_when_claiming(executor: Executor, environment: str, logger: Any) -
             try:
                 run = await client.read_flow_run(UUID(run_id))
                 tags = set(run.tags) | {f"{CLAIMING_TAG}{kind}" for kind in executor.kinds} | {f"env:{environment}"}
+                tags.add(f"{WORKER_TAG}{worker_name()}")
                 await client.update_flow_run(run.id, tags=sorted(tags))
                 return
             except Exception as error:  # the API is down or slow: the run drains untagged meanwhile
@@ -320,16 +330,16 @@ async def hand_over_when_relieved(executor: Executor, logger: Any) -> None:
                 failing = True
                 continue
             failing = False
-            newer = relieved_by(me.id, running, workers)
-            if newer is not None:
-                logger.info("handing over: %s newer runs for %s ONLINE workers", newer, workers)
+            claiming = relieved_by(me.id, running, workers)
+            if claiming is not None:
+                logger.info("handing over: %s claiming runs for %s ONLINE workers", claiming, workers)
                 executor.stop()
                 return
 
 
-async def _relay_view(client: PrefectClient, me: FlowRun) -> tuple[list[tuple[datetime, UUID]], int]:
-    """This deployment's Running runs whose executor claims (start time, id), and the number of ONLINE
-    workers in its pool."""
+async def _relay_view(client: PrefectClient, me: FlowRun) -> tuple[list[tuple[datetime, UUID, str]], int]:
+    """This deployment's Running runs whose executor claims (start time, id, worker), and the number of
+    ONLINE workers in its pool. A run without a worker tag counts as a worker of its own."""
     assert me.deployment_id is not None and me.work_pool_name is not None
     runs = await client.read_flow_runs(
         deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[me.deployment_id])),
@@ -339,8 +349,10 @@ async def _relay_view(client: PrefectClient, me: FlowRun) -> tuple[list[tuple[da
     workers = await client.read_workers_for_work_pool(
         me.work_pool_name, worker_filter=WorkerFilter(status=WorkerFilterStatus(any_=["ONLINE"]))
     )
-    claiming: list[tuple[datetime, UUID]] = [
-        (run.start_time, run.id) for run in runs if run.start_time is not None and is_claiming(run)
+    claiming: list[tuple[datetime, UUID, str]] = [
+        (run.start_time, run.id, next((t for t in run.tags if t.startswith(WORKER_TAG)), str(run.id)))
+        for run in runs
+        if run.start_time is not None and is_claiming(run)
     ]
     return claiming, len(workers)
 
@@ -349,16 +361,20 @@ def is_claiming(run: FlowRun) -> bool:
     return any(tag.startswith(CLAIMING_TAG) for tag in run.tags)
 
 
-def relieved_by(me: UUID, running: list[tuple[datetime, UUID]], workers: int) -> int | None:
-    """How many runs are newer than `me` when they are at least `workers` (so `me` should hand over);
-    None while `me` is still needed, when it is not among the running, or when no worker is ONLINE."""
-    if workers < 1:
+def relieved_by(me: UUID, running: list[tuple[datetime, UUID, str]], workers: int) -> int | None:
+    """The count of claiming runs when `me` should hand over; None while the relay keeps it, when it is not
+    among the running, or when no worker is ONLINE. `running` holds (start time, id, worker) of each
+    claiming run. The relay keeps `workers` runs: each worker's newest first, newest first among them, then
+    each worker's second newest, and so on. Every run ranks them alike, so they agree on who hands over."""
+    if workers < 1 or me not in {run for _, run, _ in running}:
         return None
-    order = sorted(running, reverse=True)
-    newer = next((index for index, (_, run) in enumerate(order) if run == me), None)
-    if newer is None or newer < workers:
-        return None
-    return newer
+    held: Counter[str] = Counter()
+    ranked = []
+    for newer, (_, run, worker) in enumerate(sorted(running, reverse=True)):  # newest first
+        ranked.append((held[worker], newer, run))  # 0: its worker's newest
+        held[worker] += 1
+    kept = {run for _, _, run in sorted(ranked)[:workers]}
+    return None if me in kept else len(running)
 
 
 def emit_ended(action: EndedAction) -> None:
