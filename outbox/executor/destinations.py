@@ -193,7 +193,7 @@ class Destinations:
         if not run.broken:
             return
         if run.newly_broken:
-            reason = f"{run.failures} attempts failed or slowed down over {run.seconds:.0f} s, none accepted"
+            reason = f"{run.failures} attempts in {run.seconds:.0f} s failed or were asked to slow down, none accepted"
             self._change(name, kind, "broken", reason)
         self._held[name] = True
         self._not_before[name] = asyncio.get_running_loop().time() + self._config.probe_seconds
