@@ -55,13 +55,13 @@ THROTTLE: dict[str, tuple[float, float, float]] = {
 }
 THROTTLE_TARGET = 5.0  # refused, % of the accepted
 
-# -- "What tracing costs: `bench.otel_cost` (busy machine)" (2026-12-02, 732c8f1): the in-process
-# executor's CPU per action in its burn-down, µs, median of 5 rounds
+# -- "Tracing: outbox's own share, against a no-op attempt and a webhook delivery (busy machine)" (2026-12-04,
+# 7c3ccbf, load 6.2 to 9.8): the in-process executor's CPU per no-op action in its burn-down, µs, median of 5 rounds
 TRACING: dict[str, float] = {
-    "no OpenTelemetry": 119,
-    "the API alone": 118,
-    "SDK, 1 trace in 10": 255,
-    "SDK, every trace": 381,
+    "no OpenTelemetry": 84,
+    "the API alone": 95,
+    "SDK, 1 trace in 10": 209,
+    "SDK, every trace": 240,
 }
 
 
@@ -115,7 +115,7 @@ def plot_limits(plt: Any, out: Path) -> None:
     loops.grid(alpha=0.3, axis="x")
     bars(tracing, list(TRACING), list(TRACING.values()), color="#8172b3")
     tracing.set_xlabel("executor CPU µs per action (median of 5 rounds)")
-    tracing.set_title("Tracing: an in-process burn-down (2026-12-02, load 4 to 5.6)", fontsize=10)
+    tracing.set_title("Tracing, a no-op burn-down (2026-12-04, load 6 to 10)", fontsize=10)
     tracing.grid(alpha=0.3, axis="x")
     fig.tight_layout()
     fig.savefig(out / "limits-tracing.png", dpi=100)
