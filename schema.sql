@@ -1,4 +1,4 @@
--- outbox's schema at revision 0021, as PostgreSQL 18 dumps it. Generated from the migrations
+-- outbox's schema at revision 0022, as PostgreSQL 18 dumps it. Generated from the migrations
 -- by `python -m tests.schema_dump`; do not edit: the revisions in migrations/versions/ are the source.
 
 --

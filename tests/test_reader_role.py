@@ -30,6 +30,7 @@ READABLE = {
     "max_attempts",
     "epoch",
     "due_at",
+    "due_since",
     "expires_at",
     "lease_expires_at",
     "write_started_at",
