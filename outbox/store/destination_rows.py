@@ -15,8 +15,8 @@ from outbox.store.destinations import _PACE_NOW
 # Every destination that has a row or an action not ended: its row; its actions waiting (PROPOSED or ADMITTED,
 # on ix_agent_action_state_created), due (ready lane heads) and executing (ux_agent_action_lane_executing);
 # an operator's pause until resumed (its paused_until is 'infinity', which no client clock holds) as
-# `until_resumed`; how long a broken one has been broken; its pace now (`:levelled`, `:return_seconds`, `:pace_hold`
-# of outbox.executor.pacing); and the age of its oldest due head (ADMITTED, not expired: what the claim
+# `until_resumed`; how long a broken one has been broken; its pace now (`:levelled`, `:return_seconds`, `:pace_hold`,
+# `:idle` of outbox.executor.pacing); and the age of its oldest due head (ADMITTED, not expired: what the claim
 # takes when the destination allows; ix_agent_action_ready), the wait an action's expires_at bounds. A head
 # that deferrals moved (its destination's pause, a turn far off) is due since it first was (`due_since`),
 # whoever paused the destination: `due` counts it, and the age counts from then.
