@@ -842,7 +842,7 @@ def test_a_paused_destination_s_backlog_costs_the_claim_destination_by_destinati
     assert rows_read(engine, store_executor.CLAIM_READY_HEADS, params)[1] >= 2000
     # destination by destination: the pairs that have heads (a descent each, and one that finds none), and
     # the 50 first due of each open pair, of which the 50 first due are claimed; no row read and left
-    shares = {"cap": 50, "busy": [], "rooms": []}
+    shares = {"cap": 50, "busy": [], "rooms": [], "answered": None}
     returned, removed = rows_read(engine, store_executor.CLAIM_OPEN_DESTINATION_HEADS, params | shares)
     assert removed == 0 and returned <= 3 + 2 * 50 + 50, (returned, removed)
 

@@ -116,6 +116,8 @@ class Executor:
         self._inflight: dict[asyncio.Task[None], ActionAttempt] = {}
         # attempts in flight by destination: the claim keeps each within its share while others have due heads
         self._by_destination: Counter[str] = Counter()
+        # the destinations an attempt of this executor has ended for: only they may pass their share
+        self._answered: set[str] = set()
         self._wake: asyncio.Event | None = None
         self._stopping = False
         self._committer: Committer | None = None
@@ -248,7 +250,8 @@ class Executor:
         share = self.config.destination_share
         if max(self._by_destination.values(), default=0) + limit <= share:
             return None
-        return Shares(share, {name: share - n for name, n in self._by_destination.items() if n > 0})
+        rooms = {name: share - n for name, n in self._by_destination.items() if n > 0}
+        return Shares(share, rooms, frozenset(self._answered))
 
     async def _start(self, claim: Awaitable[list[ClaimedAction]]) -> list[ClaimedAction]:
         """The heads `claim` took (none when the database was unavailable), each attempt started."""
@@ -332,6 +335,7 @@ class Executor:
     def _attempt_done(self, task: asyncio.Task[None]) -> None:
         attempt = self._inflight.pop(task, None)
         if attempt is not None:
+            self._answered.add(attempt.action.destination)
             self._by_destination[attempt.action.destination] -= 1
             if self._by_destination[attempt.action.destination] <= 0:
                 del self._by_destination[attempt.action.destination]

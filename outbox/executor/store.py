@@ -93,10 +93,13 @@ class SlowedDown:
 @dataclass(frozen=True)
 class Shares:
     """The slots one destination may take in a claim while others have due heads: `cap` for a destination
-    with nothing in flight here, and `rooms` (the cap less its attempts in flight) for the others."""
+    with nothing in flight here, and `rooms` (the cap less its attempts in flight) for the others. Only the
+    destinations in `answered` (an attempt of this executor has ended for them) may pass their room: one
+    whose attempts have not come back yet may be hanging."""
 
     cap: int
     rooms: Mapping[str, int]
+    answered: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -234,6 +237,7 @@ class ExecutorStore:
                 "cap": shares.cap if shares is not None else limit,
                 "busy": list(rooms),
                 "rooms": list(rooms.values()),
+                "answered": sorted(shares.answered) if shares is not None else None,
             }
             rows = await self._rows(CLAIM_OPEN_DESTINATION_HEADS, params)
         return [claimed_action(row, fresh=True) for row in rows]

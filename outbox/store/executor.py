@@ -91,8 +91,10 @@ PAIR_DUE_HEADS = """(
 # claimed are first those within their destination's room (`:rooms` for the destinations this executor has
 # attempts of in flight, `:busy`, else `:cap`), in due order, then the rest, the least far past its room
 # first: while another destination has due heads, none takes more than its share, and a destination alone
-# still fills every free slot (the rest are let go when the statement ends). With `:cap` = `:limit` and no
-# room, the `:limit` first due.
+# still fills every free slot (the rest are let go when the statement ends). Only the destinations of
+# `:answered` (an attempt of this executor has ended for them; null: all) pass their room: one whose
+# attempts have not come back yet may be hanging, and a fresh executor's first claim would otherwise give it
+# half the slots. With `:cap` = `:limit`, no room and `:answered` null, the `:limit` first due.
 CLAIM_OPEN_DESTINATION_HEADS = text(f"""
 WITH RECURSIVE ready (destination, kind) AS (
     (SELECT a.destination, a.kind FROM agent_action AS a WHERE a.lane_head AND a.state = 'ADMITTED'
@@ -112,6 +114,8 @@ WITH RECURSIVE ready (destination, kind) AS (
     ) AS h
      WHERE r.kind = ANY (CAST(:kinds AS text[]))
        AND r.destination <> ALL (ARRAY(SELECT name FROM agent_destination WHERE {HELD}))
+       AND (h.n <= coalesce((SELECT o.room FROM rooms AS o WHERE o.name = r.destination), :cap)
+            OR CAST(:answered AS text[]) IS NULL OR r.destination = ANY (CAST(:answered AS text[])))
      ORDER BY greatest(0, h.n - coalesce((SELECT o.room FROM rooms AS o WHERE o.name = r.destination), :cap)),
               h.due_at
      LIMIT :limit
