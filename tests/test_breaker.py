@@ -20,6 +20,7 @@ from outbox.db import conninfo
 from outbox.executor import ActionAttempt, Executor, Result
 from outbox.executor.config import ExecutorConfig
 from outbox.executor.destinations import Destinations
+from outbox.executor.executor import ALONE_SECONDS
 from outbox.executor.outcomes import Outcomes
 from outbox.executor.pacing import BREAK_FAILURES
 from outbox.executor.results import Done, Retry, SlowDown
@@ -218,3 +219,32 @@ async def done(aengine: AsyncEngine, destination: str, count: int) -> bool:
             text("SELECT count(*) FROM agent_action WHERE destination = :d AND state = 'DONE'"), {"d": destination}
         )
         return found.scalar_one() == count
+
+
+async def test_a_busy_executor_serving_one_destination_claims_by_shares_about_once_a_second(
+    engine: Engine, aengine: AsyncEngine
+) -> None:
+    """One destination's 400 heads and 8 slots (a share of 2): once its first attempts end, it is past its share
+    at every claim. A claim by shares that finds no other destination's head makes the claims of the next
+    ALONE_SECONDS plain (the statement by destination costs more than the plain one), so a drain claims by
+    shares about once a second, not at every claim; every head still ends."""
+    insert_due(engine, 400, destination="a")
+    executor = Executor(
+        aengine, [ScriptedAdapter(kinds.NOOP, fence_and_confirm)], ExecutorConfig(concurrency=8), listen=False
+    )
+    by_shares: list[bool] = []
+    claim = executor._store.claim
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        by_shares.append(kwargs.get("shares") is not None)
+        return claim(*args, **kwargs)
+
+    executor._store.claim = counted  # type: ignore[method-assign]
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    await executor.run(until_idle=True)
+    seconds = loop.time() - started
+    assert await done(aengine, "a", 400)
+    bound = seconds / ALONE_SECONDS + 2
+    assert len(by_shares) > 3 * bound, (len(by_shares), seconds)  # claims enough for the bound to mean something
+    assert sum(by_shares) <= bound, (sum(by_shares), len(by_shares), seconds)

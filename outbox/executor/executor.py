@@ -80,6 +80,8 @@ _T = TypeVar("_T")
 GATHER_SECONDS = 0.005
 # how long the enqueue listener hears nothing before it checks that its connection still answers
 LISTEN_CHECK_SECONDS = 30.0
+# how long the claims stay plain after a claim by shares found only the one destination past its share
+ALONE_SECONDS = 1.0
 
 
 class Executor:
@@ -118,6 +120,9 @@ class Executor:
         self._by_destination: Counter[str] = Counter()
         # the destinations an attempt of this executor has ended for: only they may pass their share
         self._answered: set[str] = set()
+        # until when (loop time) the claim is plain although one destination is past its share: the last claim
+        # by shares found no other destination's head
+        self._alone_until = 0.0
         self._wake: asyncio.Event | None = None
         self._stopping = False
         self._committer: Committer | None = None
@@ -231,14 +236,13 @@ class Executor:
     async def _claim(self, limit: int) -> list[ClaimedAction]:
         """Ready heads of open destinations, then of held ones as far as each allows (outbox.executor.destinations).
         Each statement's heads start before the next statement runs."""
+        shares = self._shares(limit)
         open_heads = self._store.claim(
-            limit,
-            self.config.lease_seconds,
-            self._kinds,
-            some_held=self._destinations.some_held,
-            shares=self._shares(limit),
+            limit, self.config.lease_seconds, self._kinds, some_held=self._destinations.some_held, shares=shares
         )
         claimed = await self._start(open_heads)
+        if shares is not None:
+            self._note_alone(shares, claimed)
         if len(claimed) < limit:
             held = self._destinations.claim(limit - len(claimed), self.config.lease_seconds, self._kinds)
             claimed += await self._start(held)
@@ -250,8 +254,24 @@ class Executor:
         share = self.config.destination_share
         if max(self._by_destination.values(), default=0) + limit <= share:
             return None
+        if asyncio.get_running_loop().time() < self._alone_until:
+            return None
         rooms = {name: share - n for name, n in self._by_destination.items() if n > 0}
         return Shares(share, rooms, frozenset(self._answered))
+
+    def _note_alone(self, shares: Shares, claimed: list[ClaimedAction]) -> None:
+        """After a claim by shares: when every head it took is of one destination, more of them than its room,
+        and no other destination had attempts in flight here, no other destination had a due head (its room
+        was the whole share, and the claim takes the heads within their rooms before any past one), so the
+        claims of the next ALONE_SECONDS are plain. A busy executor serving one destination (one relay) so
+        pays the claim by destination about once a second, not at every claim; another destination's new
+        heads wait at most that long for their share."""
+        destinations = {action.destination for action in claimed}
+        if len(destinations) != 1:
+            return
+        alone = destinations.pop()
+        if len(claimed) > shares.rooms.get(alone, shares.cap) and shares.rooms.keys() <= {alone}:
+            self._alone_until = asyncio.get_running_loop().time() + ALONE_SECONDS
 
     async def _start(self, claim: Awaitable[list[ClaimedAction]]) -> list[ClaimedAction]:
         """The heads `claim` took (none when the database was unavailable), each attempt started."""
