@@ -232,14 +232,7 @@ async def test_a_busy_executor_serving_one_destination_claims_by_shares_about_on
     executor = Executor(
         aengine, [ScriptedAdapter(kinds.NOOP, fence_and_confirm)], ExecutorConfig(concurrency=8), listen=False
     )
-    by_shares: list[bool] = []
-    claim = executor._store.claim
-
-    def counted(*args: Any, **kwargs: Any) -> Any:
-        by_shares.append(kwargs.get("shares") is not None)
-        return claim(*args, **kwargs)
-
-    executor._store.claim = counted  # type: ignore[method-assign]
+    by_shares = claims_by_shares(executor)
     loop = asyncio.get_running_loop()
     started = loop.time()
     await executor.run(until_idle=True)
@@ -248,3 +241,28 @@ async def test_a_busy_executor_serving_one_destination_claims_by_shares_about_on
     bound = seconds / ALONE_SECONDS + 2
     assert len(by_shares) > 3 * bound, (len(by_shares), seconds)  # claims enough for the bound to mean something
     assert sum(by_shares) <= bound, (sum(by_shares), len(by_shares), seconds)
+
+
+async def test_an_idle_executors_pickup_takes_the_plain_claim(engine: Engine, aengine: AsyncEngine) -> None:
+    """An idle executor's 64 free slots could let one destination pass its share, but the plain claim of a
+    share's worth comes first and finds the one due head: nothing more is due, so no claim by shares runs (it
+    costs a pickup more than the plain one)."""
+    insert_due(engine, 1, destination="a")
+    executor = Executor(aengine, [ScriptedAdapter(kinds.NOOP, fence_and_confirm)], ExecutorConfig(), listen=False)
+    by_shares = claims_by_shares(executor)
+    await executor.run(until_idle=True)
+    assert await done(aengine, "a", 1)
+    assert by_shares and not any(by_shares), by_shares
+
+
+def claims_by_shares(executor: Executor) -> list[bool]:
+    """Whether each claim of the open destinations `executor` makes from now on is a claim by shares."""
+    by_shares: list[bool] = []
+    claim = executor._store.claim
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        by_shares.append(kwargs.get("shares") is not None)
+        return claim(*args, **kwargs)
+
+    executor._store.claim = counted  # type: ignore[method-assign]
+    return by_shares

@@ -236,16 +236,37 @@ class Executor:
     async def _claim(self, limit: int) -> list[ClaimedAction]:
         """Ready heads of open destinations, then of held ones as far as each allows (outbox.executor.destinations).
         Each statement's heads start before the next statement runs."""
-        shares = self._shares(limit)
-        open_heads = self._store.claim(
-            limit, self.config.lease_seconds, self._kinds, some_held=self._destinations.some_held, shares=shares
-        )
-        claimed = await self._start(open_heads)
-        if shares is not None:
-            self._note_alone(shares, claimed)
+        claimed = await self._claim_open(limit)
         if len(claimed) < limit:
             held = self._destinations.claim(limit - len(claimed), self.config.lease_seconds, self._kinds)
             claimed += await self._start(held)
+        return claimed
+
+    async def _claim_open(self, limit: int) -> list[ClaimedAction]:
+        """Up to `limit` ready heads of open destinations, none past its share while another has due heads.
+        When a destination could pass its share in this claim, the plain claim first takes as many heads as
+        every destination has room for (none can pass its share in it): fewer found means nothing more is
+        due (an idle executor's pickup, which so never pays the claim by shares); as many, the rest of the
+        slots go to a claim by shares."""
+        shares = self._shares(limit)
+        if shares is not None:
+            within = shares.cap - max(self._by_destination.values(), default=0)
+            if 0 < within < limit:
+                claimed = await self._start(
+                    self._store.claim(
+                        within, self.config.lease_seconds, self._kinds, some_held=self._destinations.some_held
+                    )
+                )
+                if len(claimed) < within:
+                    return claimed
+                return claimed + await self._claim_open(limit - within)
+        claimed = await self._start(
+            self._store.claim(
+                limit, self.config.lease_seconds, self._kinds, some_held=self._destinations.some_held, shares=shares
+            )
+        )
+        if shares is not None:
+            self._note_alone(shares, claimed)
         return claimed
 
     def _shares(self, limit: int) -> Shares | None:
