@@ -146,10 +146,7 @@ class AttemptSpan:
         return self
 
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, _: object) -> None:
-        if self._token is not None:
-            _api()[0].detach(self._token)
-        if self._span is not None:
-            _end(self._span, error)
+        _leave(self._token, self._span, error)
 
     def finish(self, attributes: Mapping[str, AttributeValue | None], error: str | None) -> None:
         """The attempt's outcome on its span (None values left out); `error`: the span's status is an error
@@ -172,9 +169,14 @@ def attempt_span(name: str, action_id: int, stored: object, attributes: Mapping[
     return AttemptSpan(name, action_id, stored, attributes)
 
 
-def _end(span: Span, error: BaseException | None) -> None:
-    """End `span`; an exception that left its block makes it an error named by the exception's class only (its
+def _leave(token: object, span: Span | None, error: BaseException | None) -> None:
+    """Leave a span's block: its context detached (`token`, when it was attached), `span` ended (when one was
+    started); an exception that left the block makes it an error named by the exception's class only (its
     message may hold anything: a recipient, a URL)."""
+    if token is not None:
+        _api()[0].detach(token)
+    if span is None:
+        return
     if isinstance(error, Exception) and span.is_recording():
         from opentelemetry.trace import Status, StatusCode
 
@@ -270,10 +272,7 @@ class ProviderSpan:
         return self
 
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, _: object) -> None:
-        if self._token is not None:
-            _api()[0].detach(self._token)
-        if self._span is not None:
-            _end(self._span, error)
+        _leave(self._token, self._span, error)
 
     def answered(self, status: int) -> None:
         """The HTTP response's status; 4xx and 5xx make the span an error (`error.type`: the status)."""
