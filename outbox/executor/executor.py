@@ -250,24 +250,24 @@ class Executor:
         slots go to a claim by shares."""
         shares = self._shares(limit)
         if shares is not None:
-            within = shares.cap - max(self._by_destination.values(), default=0)
+            within = min(shares.rooms.values(), default=shares.cap)  # the room of the fullest destination
             if 0 < within < limit:
-                claimed = await self._start(
-                    self._store.claim(
-                        within, self.config.lease_seconds, self._kinds, some_held=self._destinations.some_held
-                    )
-                )
+                claimed = await self._claim_heads(within, None)
                 if len(claimed) < within:
                     return claimed
                 return claimed + await self._claim_open(limit - within)
-        claimed = await self._start(
+        claimed = await self._claim_heads(limit, shares)
+        if shares is not None:
+            self._note_alone(shares, claimed)
+        return claimed
+
+    async def _claim_heads(self, limit: int, shares: Shares | None) -> list[ClaimedAction]:
+        """Up to `limit` ready heads of open destinations, by `shares` if given, each attempt started."""
+        return await self._start(
             self._store.claim(
                 limit, self.config.lease_seconds, self._kinds, some_held=self._destinations.some_held, shares=shares
             )
         )
-        if shares is not None:
-            self._note_alone(shares, claimed)
-        return claimed
 
     def _shares(self, limit: int) -> Shares | None:
         """Each destination's room for a claim of `limit`, when one could pass its share in it (None: none
