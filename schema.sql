@@ -1,4 +1,4 @@
--- outbox's schema at revision 0022, as PostgreSQL 18 dumps it. Generated from the migrations
+-- outbox's schema at revision 0026, as PostgreSQL 18 dumps it. Generated from the migrations
 -- by `python -m tests.schema_dump`; do not edit: the revisions in migrations/versions/ are the source.
 
 --
@@ -31,30 +31,18 @@ END
 $$;
 
 --
--- Name: after_agent_action_update(); Type: FUNCTION; Schema: public; Owner: -
+-- Name: after_agent_action_move(); Type: FUNCTION; Schema: public; Owner: -
 --
 
-CREATE FUNCTION public.after_agent_action_update() RETURNS trigger
+CREATE FUNCTION public.after_agent_action_move() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
-DECLARE
-    lanes text[];
 BEGIN
-    WITH moved AS MATERIALIZED (
-        SELECT n.kind, n.state, n.stop_reason, n.lane_key, o.lane_head AS held, n.lane_head AS holds,
-               o.state AS was
-          FROM new_rows AS n JOIN old_rows AS o ON o.id = n.id
-         WHERE n.state <> o.state
-    ), tallied AS (
-        INSERT INTO agent_action_ended_tally (kind, state, reason, n)
-        SELECT kind, state, stop_reason, count(*) FROM moved
-         WHERE state IN ('DONE', 'UNCERTAIN', 'FAILED', 'CANCELLED')
-         GROUP BY kind, state, stop_reason
-    )
-    SELECT array_agg(DISTINCT lane_key) FILTER (WHERE (held AND NOT holds) OR (was = 'EXECUTING' AND state = 'ADMITTED'))
-      INTO lanes FROM moved;
-    IF lanes IS NOT NULL THEN
-        PERFORM hold_agent_lanes(lanes);
+    IF NEW.state IN ('DONE', 'UNCERTAIN', 'FAILED', 'CANCELLED') THEN
+        INSERT INTO agent_action_ended_tally (kind, state, reason, n) VALUES (NEW.kind, NEW.state, NEW.stop_reason, 1);
+    END IF;
+    IF (OLD.lane_head AND NOT NEW.lane_head) OR (OLD.state = 'EXECUTING' AND NEW.state = 'ADMITTED') THEN
+        PERFORM hold_agent_lanes(ARRAY[NEW.lane_key]);
     END IF;
     RETURN NULL;
 END
@@ -68,7 +56,14 @@ CREATE FUNCTION public.default_agent_action_destination() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
 BEGIN
-    NEW.destination := CASE NEW.kind WHEN 'EMAIL' THEN 'smtp' WHEN 'NATS_EVENT' THEN 'nats' ELSE lower(NEW.kind) END;
+    NEW.destination := CASE
+        WHEN NEW.kind = 'EMAIL' THEN 'smtp'
+        WHEN NEW.kind = 'NATS_EVENT' THEN 'nats'
+        WHEN NEW.kind = 'SLACK_MESSAGE' THEN 'slack'
+        WHEN NEW.kind = 'GITHUB_POST' THEN 'github'
+        WHEN NEW.kind = 'GITLAB_POST' THEN 'gitlab'
+        ELSE lower(NEW.kind)
+    END;
     RETURN NEW;
 END $$;
 
@@ -112,12 +107,19 @@ BEGIN
 
         -- The lane's holder (a new snapshot: every holder committed so far, and the rows this statement inserted
         -- before this one), locked until this transaction ends: its end waits for us, then sees this action.
+        -- A waiting holder from ux_agent_action_lane_head, else the executing one from
+        -- ux_agent_action_lane_executing (looked for second: a waiting holder claimed meanwhile is found there).
         -- No holder: this action holds the lane; ux_agent_action_lane_head refuses a second one that an
         -- enqueue into the same lane, not committed yet, marked meanwhile.
         NEW.lane_head := false;
         SELECT h.id, h.state INTO holder_id, holder_state
-          FROM agent_action AS h WHERE h.lane_key = NEW.lane_key AND h.lane_head
+          FROM agent_action AS h WHERE h.lane_key = NEW.lane_key AND h.lane_head AND h.state IN ('PROPOSED', 'ADMITTED')
            FOR KEY SHARE;
+        IF NOT FOUND THEN
+            SELECT h.id, h.state INTO holder_id, holder_state
+              FROM agent_action AS h WHERE h.lane_key = NEW.lane_key AND h.state = 'EXECUTING' AND h.lane_head
+               FOR KEY SHARE;
+        END IF;
         IF NOT FOUND THEN
             NEW.lane_head := true;
         ELSIF holder_state <> 'EXECUTING' AND holder_id > NEW.id
@@ -240,9 +242,10 @@ BEGIN
           INTO holders, unmarked
           FROM wanted;
         EXIT WHEN cardinality(unmarked) = 0;
-        -- a holder that is no longer the rule's (a retried one, behind an earlier action not started) lets go
+        -- a holder that is no longer the rule's (a retried one, behind an earlier action not started) lets go;
+        -- an executing action is always its lane's holder
         UPDATE agent_action SET lane_head = false
-         WHERE lane_key = ANY (lanes) AND lane_head AND NOT (id = ANY (holders));
+         WHERE lane_key = ANY (lanes) AND lane_head AND state IN ('PROPOSED', 'ADMITTED') AND NOT (id = ANY (holders));
         WITH now_held AS (
             UPDATE agent_action SET lane_head = true
              WHERE id = ANY (unmarked) AND NOT lane_head AND state IN ('PROPOSED', 'ADMITTED', 'EXECUTING')
@@ -445,7 +448,10 @@ CREATE TABLE public.agent_destination (
     slowed_at timestamp with time zone,
     failing_since timestamp with time zone,
     failures integer DEFAULT 0 NOT NULL,
+    credentials_refused_at timestamp with time zone,
+    credentials_reason text,
     CONSTRAINT ck_agent_destination_burst CHECK (((burst >= (1)::double precision) AND (burst <= (1000000)::double precision))),
+    CONSTRAINT ck_agent_destination_credentials_reason CHECK ((char_length(credentials_reason) <= 500)),
     CONSTRAINT ck_agent_destination_name CHECK ((name ~ '^[a-z0-9_][a-z0-9_.:-]{0,79}$'::text)),
     CONSTRAINT ck_agent_destination_pace CHECK ((pace > (0)::double precision)),
     CONSTRAINT ck_agent_destination_pause_reason CHECK ((char_length(pause_reason) <= 500)),
@@ -629,7 +635,7 @@ CREATE UNIQUE INDEX ux_agent_action_lane_executing ON public.agent_action USING 
 -- Name: ux_agent_action_lane_head; Type: INDEX; Schema: public; Owner: -
 --
 
-CREATE UNIQUE INDEX ux_agent_action_lane_head ON public.agent_action USING btree (lane_key) WHERE lane_head;
+CREATE UNIQUE INDEX ux_agent_action_lane_head ON public.agent_action USING btree (lane_key) WHERE (lane_head AND (state = ANY (ARRAY['PROPOSED'::text, 'ADMITTED'::text])));
 
 --
 -- Name: agent_action after_agent_action_delete; Type: TRIGGER; Schema: public; Owner: -
@@ -638,10 +644,10 @@ CREATE UNIQUE INDEX ux_agent_action_lane_head ON public.agent_action USING btree
 CREATE TRIGGER after_agent_action_delete AFTER DELETE ON public.agent_action FOR EACH ROW WHEN (old.lane_head) EXECUTE FUNCTION public.after_agent_action_delete();
 
 --
--- Name: agent_action after_agent_action_update; Type: TRIGGER; Schema: public; Owner: -
+-- Name: agent_action after_agent_action_move; Type: TRIGGER; Schema: public; Owner: -
 --
 
-CREATE TRIGGER after_agent_action_update AFTER UPDATE ON public.agent_action REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION public.after_agent_action_update();
+CREATE TRIGGER after_agent_action_move AFTER UPDATE ON public.agent_action FOR EACH ROW WHEN (((old.state <> new.state) AND ((new.state = ANY (ARRAY['DONE'::text, 'UNCERTAIN'::text, 'FAILED'::text, 'CANCELLED'::text])) OR (old.lane_head AND (NOT new.lane_head)) OR ((old.state = 'EXECUTING'::text) AND (new.state = 'ADMITTED'::text))) AND (current_setting('outbox.own_ends'::text, true) IS DISTINCT FROM 'written'::text))) EXECUTE FUNCTION public.after_agent_action_move();
 
 --
 -- Name: agent_action default_agent_action_destination; Type: TRIGGER; Schema: public; Owner: -

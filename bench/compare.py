@@ -15,7 +15,9 @@ alternated within every scenario (each round in a rotated order) so that drift h
 5. the limit: the same row writes as SQL-only loops (`bench.peers.sql_loop`: the bare table, the
    contract-minimal table, outbox's schema and statements; alternated, one per round, each round rotated),
    with their backends' CPU per action, and pgbench's simple-update
-6. cost: peak RSS of one worker (VmHWM), CPU seconds per 1,000 jobs in the workers and in PostgreSQL
+6. cost: peak RSS of one worker (VmHWM), CPU seconds per 1,000 jobs in the workers and in PostgreSQL: every
+   process of the server, read from /proc (utime + stime), by kind (the workers' backends, the bench's own
+   poll of the backlog, WAL writer, checkpointer, background writer, autovacuum, processes that ended)
 Prints one table with outbox/peer ratios and every round, writes plots to --plots (made if new), and the
 Markdown to --markdown.
 """
@@ -135,13 +137,62 @@ class Server:
         return count(self.url, "SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), '0/0')::bigint")
 
     def cpu_seconds(self) -> float:
-        times = self.postmaster.cpu_times()
-        total = times.user + times.system + times.children_user + times.children_system
+        return self.cpu_reading().total
+
+    def cpu_reading(self) -> CpuReading:
+        """Every process of the server, from /proc: the postmaster, each live child by pid with its title, and the
+        children that ended (the postmaster's reaped children's times)."""
+        pm = self.postmaster.pid
+        own, ended = proc_cpu(pm)
+        children: dict[int, tuple[str, float]] = {}
         for child in self.postmaster.children():
-            with contextlib.suppress(psutil.Error):
-                t = child.cpu_times()
-                total += t.user + t.system
-        return float(total)
+            with contextlib.suppress(OSError, psutil.Error):
+                children[child.pid] = (process_title(child.pid), proc_cpu(child.pid)[0])
+        return CpuReading(own, ended, children)
+
+
+# the titles of a server's own processes (`postgres: <title>`); every other child is a client's backend
+BACKGROUND = (
+    "checkpointer", "background writer", "walwriter", "autovacuum launcher", "autovacuum worker",
+    "logical replication launcher", "io worker", "walsummarizer", "walsender", "startup", "archiver",
+)  # fmt: skip
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def proc_cpu(pid: int) -> tuple[float, float]:
+    """utime + stime of `pid`, and cutime + cstime (its children that ended and were waited for), in seconds."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICKS, (int(fields[13]) + int(fields[14])) / TICKS
+
+
+def process_title(pid: int) -> str:
+    title = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+    name = title.removeprefix("postgres: ")
+    return next((b for b in BACKGROUND if name.startswith(b)), "client backends")
+
+
+@dataclass(frozen=True)
+class CpuReading:
+    postmaster: float
+    ended: float  # the children that ended, all their life
+    children: dict[int, tuple[str, float]]  # live children: pid -> (kind of process, CPU seconds)
+
+    @property
+    def total(self) -> float:
+        return self.postmaster + self.ended + sum(cpu for _, cpu in self.children.values())
+
+    def since(self, start: CpuReading, *, apart: dict[int, str]) -> dict[str, float]:
+        """CPU seconds spent since `start`, by kind of process; the pids of `apart` under names of their own. A
+        child that ended meanwhile counts under "ended during the run" (all its life, less what it had spent
+        at `start`)."""
+        parts: dict[str, float] = defaultdict(float)
+        parts["postmaster"] = self.postmaster - start.postmaster
+        for pid, (kind, cpu) in self.children.items():
+            before = start.children.get(pid, (kind, 0.0))[1]
+            parts[apart.get(pid, kind)] += cpu - before
+        gone = sum(cpu for pid, (_, cpu) in start.children.items() if pid not in self.children)
+        parts["ended during the run"] = self.ended - start.ended - gone
+        return dict(parts)
 
 
 def cpu_seconds(pid: int) -> float:
@@ -176,6 +227,9 @@ class Drain:
     overlaps: int = 0
     commits: int = 0  # transactions the database committed during the drain
     wal_bytes: int = 0  # WAL the server wrote during the drain
+    # the server's CPU seconds by kind of process: client backends (the workers'), the bench's poll of the
+    # backlog, walwriter, checkpointer, background writer, autovacuum, the processes that ended meanwhile
+    db_cpu_parts: dict[str, float] = field(default_factory=dict)
 
     @property
     def rate(self) -> float:
@@ -209,18 +263,21 @@ def drain(
             cpu0 = sum(cpu_seconds(p.pid) for p in processes)
             spy = start_profiler(processes[0].pid, profile) if profile else None
             t0 = system.preload(url, jobs, lanes) or time.monotonic()
-            db0, wal0, commits0 = server.cpu_seconds(), server.wal_position(), count(url, COMMITTED)
             engine = create_engine(url)
-            pending_sql = text(system.pending_sql())
             with engine.connect() as conn:
+                poller = int(conn.execute(text("SELECT pg_backend_pid()")).scalar_one())
+                conn.rollback()
+                db0, wal0, commits0 = server.cpu_reading(), server.wal_position(), count(url, COMMITTED)
+                pending_sql = text(system.pending_sql())
                 while (pending := int(conn.execute(pending_sql).scalar_one())) > 0:
                     conn.rollback()
                     if time.monotonic() - t0 > cap:
                         break
                     time.sleep(0.1)
-            seconds = time.monotonic() - t0
+                seconds = time.monotonic() - t0
+                db_parts = server.cpu_reading().since(db0, apart={poller: "the bench's poll of the backlog"})
             engine.dispose()
-            db_cpu = server.cpu_seconds() - db0
+            db_cpu = sum(db_parts.values())
             wal_bytes = server.wal_position() - wal0
             worker_cpu = sum(cpu_seconds(p.pid) for p in processes) - cpu0
             rss = max(peak_rss_bytes(p.pid) for p in processes)
@@ -244,7 +301,7 @@ def drain(
         duplicates=len(rows) - len({r[0] for r in rows}),
         missing=0 if pending > 0 else max(0, jobs - len({r[0] for r in rows})),
     )
-    result.commits, result.wal_bytes = commits, wal_bytes
+    result.commits, result.wal_bytes, result.db_cpu_parts = commits, wal_bytes, db_parts
     if lanes is not None:
         result.order_violations, result.overlaps = check_lanes(rows)
     return result
@@ -757,12 +814,40 @@ def report(
                 " (target <= 1.3x)"
             )
     if burn:
+        lines += ["", *server_cpu_table(burn)]
+    if burn:
         lines += [
             "",
             "burn-down rounds (jobs/s): "
             + "; ".join(f"{name} " + " / ".join(fmt(r.rate) for r in runs) for name, runs in burn.items()),
         ]
     return "\n".join(lines)
+
+
+def server_cpu_table(burn: dict[str, list[Drain]]) -> list[str]:
+    """Where the server's CPU goes in the burn-down: µs per job by kind of process, median of the rounds (the
+    rounds after it), and the workers' own CPU beside it."""
+    kinds = sorted({kind for runs in burn.values() for r in runs for kind in r.db_cpu_parts})
+    lines = [
+        "| server CPU µs per job, burn-down | " + " | ".join(burn) + " |",
+        "| --- |" + " ---: |" * len(burn),
+    ]
+
+    def cell(runs: list[Drain], get: Any) -> str:
+        values = [get(r) / r.done * 1e6 for r in runs if r.done]
+        return f"{statistics.median(values):,.1f} ({' / '.join(f'{v:,.0f}' for v in values)})" if values else ""
+
+    for kind in kinds:
+        lines.append(
+            f"| {kind} | "
+            + " | ".join(cell(runs, lambda r, k=kind: r.db_cpu_parts.get(k, 0.0)) for runs in burn.values())
+            + " |"
+        )
+    lines.append(
+        "| **the whole server** | " + " | ".join(cell(runs, lambda r: r.db_cpu) for runs in burn.values()) + " |"
+    )
+    lines.append("| the workers | " + " | ".join(cell(runs, lambda r: r.worker_cpu) for runs in burn.values()) + " |")
+    return lines
 
 
 def plot(sweep: dict[str, dict[int, float]], latency: dict[str, list[float]], directory: Path) -> None:

@@ -11,14 +11,14 @@
     .venv/bin/python -m bench.sql_cost [--jobs 20000] [--rounds 3] [--variants ...] [--markdown FILE] [--work DIR]
 
 The variants: `bare` and `contract-minimal` (the loops of `bench.peers.sql_loop`), `outbox` (its schema and its
-executor's statements, as shipped), and outbox with one design element switched off each: the UPDATE trigger
-(lane upkeep and the ended tally, in one pass), the group commit's tally
-inserts, the PL/pgSQL guard (the result statement stamps what the guard stamps), each operator index, the
-sweep and retention indexes; and with a 500-byte payload (outbox and the contract-minimal table). `lean`
-switches off the UPDATE trigger, the tally inserts and the listing indexes at once; `lean-plain` runs the
-contract-minimal loop's own three statements on lean's schema with the shipped guard, so what is left between it
-and `contract-minimal` is outbox's table, and between it and `lean` the group commit. Nothing here is a schema
-outbox ships: each variant is a measurement on a scratch database.
+executor's statements, as shipped), and outbox with one design element switched off each: the lane upkeep and
+the ended tally (the group commit's own, and the row trigger for other writers), the group commit's attempt
+and latency tally inserts, the PL/pgSQL guard (the result statement stamps what the guard stamps), each
+operator index, the sweep and retention indexes; and with a 500-byte payload (outbox and the contract-minimal
+table). `lean` switches off the lane upkeep, the tallies and the listing indexes at once; `lean-plain` runs
+the contract-minimal loop's own three statements on lean's schema with the shipped guard, so what is left
+between it and `contract-minimal` is outbox's table, and between it and `lean` the group commit. Nothing here
+is a schema outbox ships: each variant is a measurement on a scratch database.
 """
 
 from __future__ import annotations
@@ -75,7 +75,13 @@ def replace_once(sql: str, pattern: str, replacement: str) -> str:
 
 
 def commit_without_tallies(sql: str) -> str:
-    return replace_once(sql, r"\), tallied AS MATERIALIZED \(.*\n\)\nSELECT id, outcome", ")\nSELECT id, outcome")
+    return replace_once(sql, r"\), tallied AS MATERIALIZED \(.*\n\)\nSELECT d\.id, ", ")\nSELECT d.id, ")
+
+
+def commit_without_end_upkeep(sql: str) -> str:
+    """The group commit without its ended tally and its lanes' hand-over (revision 0024 on)."""
+    sql = replace_once(sql, r"\n\), ended AS \(.*?\n\), decided AS", "\n), decided AS")
+    return replace_once(sql, r" CROSS JOIN \(SELECT count\(\*\) FROM handed_over\) AS handed", "")
 
 
 def commit_stamping_ends(sql: str) -> str:
@@ -91,9 +97,9 @@ def commit_stamping_ends(sql: str) -> str:
     return replace_once(sql, r"SET state = f\.state,", stamp)
 
 
-# no lane upkeep and no ended tally: the one UPDATE trigger (outbox's lanes then hold only one action each,
-# which is what the loops make)
-NO_UPDATE_TRIGGER = "DROP TRIGGER after_agent_action_update ON agent_action;"
+# no lane upkeep and no ended tally: the other writers' row trigger and the group commit's own (outbox's lanes
+# then hold only one action each, which is what the loops make)
+NO_UPDATE_TRIGGER = "DROP TRIGGER after_agent_action_move ON agent_action;"
 
 
 @dataclass(frozen=True)
@@ -148,9 +154,10 @@ VARIANTS = [
         "CREATE INDEX ix_agent_action_state_created ON agent_action (state, created_at, id) INCLUDE (kind);",
     ),
     Variant(
-        "no-update-trigger",
-        "no UPDATE trigger (lane upkeep and ended tally)",
+        "no-end-upkeep",
+        "no lane upkeep and no ended tally (the group commit's, and the row trigger for other writers)",
         ddl=NO_UPDATE_TRIGGER,
+        commit=(commit_without_end_upkeep,),
     ),
     Variant(
         "no-tally-inserts", "no attempt and latency tally inserts in the group commit", commit=(commit_without_tallies,)
@@ -171,9 +178,9 @@ VARIANTS = [
     ),
     Variant(
         "lean",
-        "no UPDATE trigger, no tally inserts, no operator indexes but the due one",
+        "no lane upkeep, no tallies, no operator indexes but the due one",
         ddl=NO_UPDATE_TRIGGER + drop_indexes(*LISTING_INDEXES),
-        commit=(commit_without_tallies,),
+        commit=(commit_without_end_upkeep, commit_without_tallies),
     ),
 ]
 VARIANTS.append(
@@ -278,14 +285,14 @@ def server_cpu(postmaster: psutil.Process) -> float:
 
 def label(query: str) -> str:
     """The loop's statement that `query` is (pg_stat_statements shows its constants as $n)."""
-    if "jsonb_array_elements" in query:
-        return "group commit (fences, results)"
+    if "agent_action_attempt_tally" in query:
+        return "group commit (results, and fences it could not write alone)"
     if not query.lstrip().upper().startswith(("WITH", "UPDATE")):
         return ""
-    if "SKIP LOCKED" in query:
-        return "claim"
     if "write_started_at = now()" in query:
         return "fence"
+    if "SKIP LOCKED" in query:
+        return "claim"
     return "result"
 
 

@@ -7,11 +7,18 @@
 Every panel's query and every alert's expression is written once here; `tests/test_dashboards.py` fails
 when a committed file differs from what this module generates, evaluates every panel query against a real
 Prometheus, and proves each alert with `promtool test rules`.
+
+Cells: an exporter serving cells labels every series `cell` (`outbox metrics serve --all-cells`). Every
+panel's query selects the dashboard's `cell` variable (`in_cells` adds `cell=~"$cell"` to each of its series
+selectors; a series without the label matches it too, so a single database's dashboard works as before), and
+the "All cells" row shows one line per cell. Every alert aggregates `by (..., cell)`, so it fires per cell,
+and its summary and commands name the cell when the series have one (`IN_CELL`, `CELL_OPTION`).
 """
 
 from __future__ import annotations
 
 import json
+import re
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +30,8 @@ from grafana_foundation_sdk.cog import builder as cogbuilder
 from grafana_foundation_sdk.cog import variants
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.models.alerting import RelativeTimeRange
-from grafana_foundation_sdk.models.dashboard import DataSourceRef
+from grafana_foundation_sdk.models.dashboard import DataSourceRef, DataTransformerConfig, VariableOption
+from grafana_foundation_sdk.models.prometheus import PromQueryFormat
 
 ROOT = Path(__file__).resolve().parent.parent
 DASHBOARD_FILE = ROOT / "dashboards" / "outbox-overview.json"
@@ -47,7 +55,26 @@ RUNBOOK = f"{_source_url()}/blob/main/{RUNBOOKS_PAGE}#runbook"
 
 PROM = DataSourceRef(type_val="prometheus", uid="${datasource}")
 KIND = 'kind=~"$kind"'
+CELL = 'cell=~"$cell"'
 RATE = "$__rate_interval"
+# a series selector of an outbox metric, with its matchers if it has any
+_SELECTOR = re.compile(r"\b((?:action|outbox)_[a-z_]+)(?:\{([^}]*)\})?")
+# in an alert's summary and description: the cell, when the series have one (Go templates)
+IN_CELL = "{{ if $labels.cell }}Cell {{ $labels.cell }}: {{ end }}"
+CELL_OPTION = "{{ if $labels.cell }} --cell {{ $labels.cell }}{{ end }}"
+
+
+def in_cells(expr: str) -> str:
+    """`expr` with every outbox series selector restricted to the dashboard's `cell` variable."""
+    return _SELECTOR.sub(lambda m: f"{m[1]}{{{CELL}{',' + m[2] if m[2] else ''}}}", expr)
+
+
+_COMMAND = re.compile(r"`outbox ([a-z-]+)")
+
+
+def with_cell_option(description: str) -> str:
+    """`description` with `--cell <the series' cell>` given to each outbox command, when there is a cell."""
+    return _COMMAND.sub(lambda m: f"`outbox {m[1]}{CELL_OPTION}", description)
 
 
 @dataclass(frozen=True)
@@ -57,7 +84,7 @@ class Query:
 
 
 def _target(query: Query, ref: str) -> prometheus.Dataquery:
-    return prometheus.Dataquery().expr(query.expr).legend_format(query.legend or "__auto").ref_id(ref)
+    return prometheus.Dataquery().expr(in_cells(query.expr)).legend_format(query.legend or "__auto").ref_id(ref)
 
 
 def graph(title: str, unit: str, *queries: Query, description: str = "") -> timeseries.Panel:
@@ -135,14 +162,17 @@ EMAILS_PANEL_ID = 100
 EMAILS_PANEL_TITLE = "Recent UNCERTAIN and FAILED emails"
 
 
-# Webhooks and events an operator must decide on: the same shape as the emails, with what finds each at its
-# provider (the event type, the endpoint or subject, the webhook-id or Nats-Msg-Id its adapter noted).
+# Webhooks, events, Slack messages, GitLab and GitHub posts an operator must decide on: the same shape as the
+# emails, with what finds each at its provider (the event type, the endpoint, subject, channel, project or
+# repository, the webhook-id, Nats-Msg-Id or marker its adapter noted).
 _EFFECTS_ENDED = """SELECT id, kind, trace->>'event_type' AS event_type,
-                coalesce(trace->>'endpoint', trace->>'subject') AS destination,
-                coalesce(trace->>'webhook_id', trace->>'msg_id') AS provider_id, state,
+                coalesce(trace->>'endpoint', trace->>'subject', trace->>'channel', trace->>'project',
+                         trace->>'repo') AS destination,
+                coalesce(trace->>'webhook_id', trace->>'msg_id', trace->>'marker') AS provider_id, state,
                 stop_reason AS reason, last_error, ended_at
            FROM agent_action
-          WHERE state = '{state}' AND kind IN ('WEBHOOK', 'NATS_EVENT') AND ended_at > now() - interval '7 days'
+          WHERE state = '{state}' AND kind IN ('WEBHOOK', 'NATS_EVENT', 'SLACK_MESSAGE', 'GITLAB_POST', 'GITHUB_POST')
+            AND ended_at > now() - interval '7 days'
           ORDER BY ended_at DESC
           LIMIT 50"""
 EFFECTS_SQL = f"""SELECT id, kind, event_type, destination, provider_id, state, reason, last_error, ended_at
@@ -154,7 +184,7 @@ EFFECTS_SQL = f"""SELECT id, kind, event_type, destination, provider_id, state, 
 EFFECTS_PANEL_ID = 101
 EFFECTS_PANEL_TITLE = "Recent UNCERTAIN and FAILED webhooks and events"
 # the kinds whose effects reach a receiver or a stream, and read back
-EFFECT_KINDS = 'kind=~"WEBHOOK|NATS_EVENT"'
+EFFECT_KINDS = 'kind=~"WEBHOOK|NATS_EVENT|SLACK_MESSAGE|GITLAB_POST|GITHUB_POST"'
 
 
 def quantiles(metric: str, by: str = "le") -> list[Query]:
@@ -162,6 +192,49 @@ def quantiles(metric: str, by: str = "le") -> list[Query]:
         Query(f"histogram_quantile({q}, sum by ({by}) (rate({metric}_bucket{{{KIND}}}[{RATE}])))", f"p{int(q * 100)}")
         for q in (0.5, 0.95, 0.99)
     ]
+
+
+# The "All cells" table: one line per cell, the figures `outbox status --all-cells` prints, as of now. A cell
+# whose exporter cannot read its database has its line with only "reads its database: no". With no cell
+# label, one line for the one database.
+CELL_COLUMNS = {
+    "reads its database": "min by (cell) (outbox_exporter_up)",
+    "backlog": "sum by (cell) (outbox_due_actions) + sum by (cell) (outbox_lane_waiting_actions)",
+    "oldest due (s)": "max by (cell) (outbox_oldest_due_age_seconds)",
+    "UNCERTAIN, 24 h": 'sum by (cell) (increase(action_ended_total{state="UNCERTAIN"}[24h]))',
+    "executors": "sum by (cell) (outbox_executors)",
+    # every destination held back, whatever the cause; 0 for a cell read without any
+    "destinations paused": "sum by (cell) (clamp_max(outbox_destination_paused + outbox_destination_broken"
+    " + outbox_destination_credentials_refused, 1)) or sum by (cell) (0 * outbox_executors)",
+}
+CELLS_PANEL_TITLE = "All cells"
+
+
+def cells_table() -> table.Panel:
+    panel = (
+        table.Panel()
+        .title(CELLS_PANEL_TITLE)
+        .unit("short")
+        .height(8)
+        .span(24)
+        .datasource(PROM)
+        .description(
+            "One line per cell, as `outbox status --all-cells` prints: the backlog (due, and due behind their"
+            " lane's head), how long the oldest due action has waited, actions ended UNCERTAIN in 24 h, the"
+            " executors that beat, and the destinations paused or broken."
+        )
+    )
+    refs = [chr(ord("A") + index) for index in range(len(CELL_COLUMNS))]
+    for ref, promql in zip(refs, CELL_COLUMNS.values(), strict=True):
+        panel = panel.with_target(
+            prometheus.Dataquery().expr(in_cells(promql)).instant().format(PromQueryFormat.TABLE).ref_id(ref)
+        )
+    names = {f"Value #{ref}": column for ref, column in zip(refs, CELL_COLUMNS, strict=True)}
+    return panel.with_transformation(DataTransformerConfig(id_val="merge", options={})).with_transformation(
+        DataTransformerConfig(
+            id_val="organize", options={"excludeByName": {"Time": True}, "renameByName": names, "indexByName": {}}
+        )
+    )
 
 
 def overview() -> dashboard.Dashboard:
@@ -174,17 +247,29 @@ def overview() -> dashboard.Dashboard:
         .timezone("browser")
         .with_variable(dashboard.DatasourceVariable("datasource").label("Prometheus").type("prometheus"))
         .with_variable(
+            dashboard.QueryVariable("cell")
+            .label("Cell")
+            .datasource(PROM)
+            .query("label_values(outbox_exporter_up, cell)")
+            .multi(True)
+            .include_all(True)
+            .all_value(".*")
+            .current(VariableOption(selected=True, text="All", value="$__all"))
+        )
+        .with_variable(
             dashboard.QueryVariable("kind")
             .label("Kind")
             .datasource(PROM)
-            .query("label_values(action_attempts_total, kind)")
+            .query(f"label_values(action_attempts_total{{{CELL}}}, kind)")
             .multi(True)
             .include_all(True)
             .all_value(".*")
         )
     )
     board = (
-        board.with_row(dashboard.Row("Health"))
+        board.with_row(dashboard.Row("All cells"))
+        .with_panel(cells_table())
+        .with_row(dashboard.Row("Health"))
         .with_panel(number("Exporter reads the database", "bool_yes_no", Query("min(outbox_exporter_up)")))
         .with_panel(number("Executors alive", "short", Query("sum(outbox_executors)")))
         .with_panel(
@@ -413,6 +498,15 @@ class Alert:
     panel_id: int | None = None  # the overview panel Grafana links the alert to
 
     @property
+    def annotations(self) -> dict[str, str]:
+        """The summary and description, naming the cell when the series have one, and the runbook."""
+        return {
+            "summary": f"{IN_CELL}{self.summary}",
+            "description": with_cell_option(self.description),
+            "runbook_url": f"{RUNBOOK}-{self.runbook}",
+        }
+
+    @property
     def expr(self) -> str:
         condition = f"{self.query} {'>' if self.op == 'gt' else '<'} {self.threshold:g}"
         return f"{condition} or absent({self.query})" if self.no_data == "Alerting" else condition
@@ -422,7 +516,7 @@ ALERTS = [
     Alert(
         "outbox-email-uncertain",
         "OutboxEmailUncertain",
-        'sum by (reason) (increase(action_ended_total{kind="EMAIL",state="UNCERTAIN"}[5m]))',
+        'sum by (reason, cell) (increase(action_ended_total{kind="EMAIL",state="UNCERTAIN"}[5m]))',
         "gt",
         0,
         "0m",
@@ -436,7 +530,7 @@ ALERTS = [
     Alert(
         "outbox-backlog-stale",
         "OutboxBacklogStale",
-        "max by (kind) (outbox_oldest_due_age_seconds)",
+        "max by (kind, cell) (outbox_oldest_due_age_seconds)",
         "gt",
         900,
         "5m",
@@ -450,7 +544,7 @@ ALERTS = [
     Alert(
         "outbox-executors-down",
         "OutboxExecutorsDown",
-        "sum(outbox_executors)",
+        "sum by (cell) (outbox_executors)",
         "lt",
         1,
         "5m",
@@ -464,7 +558,7 @@ ALERTS = [
     Alert(
         "outbox-purge-failing",
         "OutboxPurgeFailing",
-        "time() - max(outbox_purge_last_success_timestamp_seconds)",
+        "time() - max by (cell) (outbox_purge_last_success_timestamp_seconds)",
         "gt",
         172800,
         "1h",
@@ -476,7 +570,7 @@ ALERTS = [
     Alert(
         "outbox-exporter-down",
         "OutboxExporterDown",
-        "min(outbox_exporter_up)",
+        "min by (cell) (outbox_exporter_up)",
         "lt",
         1,
         "5m",
@@ -490,7 +584,7 @@ ALERTS = [
     Alert(
         "outbox-email-failed",
         "OutboxEmailFailed",
-        'sum by (reason) (increase(action_ended_total{kind="EMAIL",state="FAILED"}[1h]))',
+        'sum by (reason, cell) (increase(action_ended_total{kind="EMAIL",state="FAILED"}[1h]))',
         "gt",
         0,
         "0m",
@@ -503,7 +597,7 @@ ALERTS = [
     Alert(
         "outbox-effect-uncertain",
         "OutboxEffectUncertain",
-        f'sum by (kind, reason) (increase(action_ended_total{{{EFFECT_KINDS},state="UNCERTAIN"}}[5m]))',
+        f'sum by (kind, reason, cell) (increase(action_ended_total{{{EFFECT_KINDS},state="UNCERTAIN"}}[5m]))',
         "gt",
         0,
         "0m",
@@ -518,7 +612,7 @@ ALERTS = [
     Alert(
         "outbox-effect-failed",
         "OutboxEffectFailed",
-        f'sum by (kind, reason) (increase(action_ended_total{{{EFFECT_KINDS},state="FAILED"}}[1h]))',
+        f'sum by (kind, reason, cell) (increase(action_ended_total{{{EFFECT_KINDS},state="FAILED"}}[1h]))',
         "gt",
         0,
         "0m",
@@ -531,7 +625,7 @@ ALERTS = [
     Alert(
         "outbox-expired-leases",
         "OutboxExpiredLeases",
-        "max by (kind) (outbox_expired_leases)",
+        "max by (kind, cell) (outbox_expired_leases)",
         "gt",
         0,
         "5m",
@@ -546,7 +640,7 @@ ALERTS = [
         "OutboxDestinationPaused",
         # a provider that keeps slowing down pauses the destination again as soon as a pause ends: the window
         # bridges the moments between two pauses
-        "max by (kind, destination) (max_over_time(outbox_destination_paused[2m]))",
+        "max by (kind, destination, cell) (max_over_time(outbox_destination_paused[2m]))",
         "gt",
         0,
         "15m",
@@ -562,7 +656,7 @@ ALERTS = [
         "OutboxDestinationBroken",
         # broken already means a run of failures as long as the breaker's window (2 minutes by default): it
         # pages at once
-        "max by (kind, destination) (outbox_destination_broken_seconds)",
+        "max by (kind, destination, cell) (outbox_destination_broken_seconds)",
         "gt",
         0,
         "0m",
@@ -574,9 +668,23 @@ ALERTS = [
         "destination-broken",
     ),
     Alert(
+        "outbox-destination-credentials-refused",
+        "OutboxDestinationCredentialsRefused",
+        "max by (kind, destination, cell) (outbox_destination_credentials_refused)",
+        "gt",
+        0,
+        "0m",
+        "page",
+        "The provider refuses the credentials of {{ $labels.destination }}",
+        "{{ $labels.destination }} answered that its credentials are invalid, revoked or its account inactive: no "
+        "{{ $labels.kind }} action can be carried out there until the secret is mended. They wait, their attempts "
+        "not counted, with one probe every 5 minutes; `outbox destinations` shows the provider's answer.",
+        "destination-credentials-refused",
+    ),
+    Alert(
         "outbox-destination-backlog",
         "OutboxDestinationBacklog",
-        "max by (kind, destination) (outbox_destination_oldest_due_age_seconds)",
+        "max by (kind, destination, cell) (outbox_destination_oldest_due_age_seconds)",
         "gt",
         1800,
         "5m",
@@ -593,11 +701,7 @@ ALERTS = [
 def grafana_rules() -> dict[str, Any]:
     rules = []
     for alert in ALERTS:
-        annotations = {
-            "summary": alert.summary,
-            "description": alert.description,
-            "runbook_url": f"{RUNBOOK}-{alert.runbook}",
-        }
+        annotations = alert.annotations
         if alert.panel_id is not None:
             annotations |= {"__dashboardUid__": DASHBOARD_UID, "__panelId__": str(alert.panel_id)}
         rule = (
@@ -654,11 +758,7 @@ def prometheus_rules() -> dict[str, Any]:
                         "expr": a.expr,
                         "for": a.for_,
                         "labels": {"severity": a.severity, "service": "outbox"},
-                        "annotations": {
-                            "summary": a.summary,
-                            "description": a.description,
-                            "runbook_url": f"{RUNBOOK}-{a.runbook}",
-                        },
+                        "annotations": a.annotations,
                     }
                     for a in ALERTS
                 ],

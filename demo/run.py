@@ -4,15 +4,20 @@
     as it is; and always the Prefect server's own database `prefect`, made afresh) ─ its URL printed,
     with the `outbox status` command that reads it ─ SMTP sink that fails a share of deliveries ─ webhook
     receiver that fails a share of the first ones ─ nats-server with the stream ACCOUNTS (when installed)
-    ─ Prefect server ─ deployments ─ metrics exporter ─ worker replicas ─ Prometheus with the shipped alert
-    rules (when installed; else the command that starts one), each part said as it starts
+    ─ the local Slack, GitHub and GitLab APIs ─ Prefect server ─ deployments ─ metrics exporter ─ worker
+    replicas ─ Prometheus with the shipped alert rules (when installed; else the command that starts one),
+    each part said as it starts
     ─▶ the backlog: 2,000 workspace alerts over 200 workspaces, enqueued before any executor runs (so it is
        there to see, due), each one effect in turn: an email (through the example notices; the admins of a
        share of the workspaces unsubscribed), a signed webhook to the receiver, and an event to the stream
        (a third each; half emails and half webhooks without nats-server)
-    ─▶ one drain run per worker (saying what each one waits for), until every action ended
+    ─▶ the posts (demo.posts): one application transaction raises an alert of that storm, with a Slack
+       message, a comment on a pull request, a product-feedback issue and a GitLab note
+    ─▶ one drain run per worker (saying what each one waits for), until every action of the backlog ended
+    ─▶ the alert resolved: a reply in the Slack message's thread (its ts, from the message's action)
     ─▶ the pickup probe: 100 emails at 20 a second, each in a lane of its own, on the idle executors
-    ─▶ summary (demo.summary), URLs, the drain runs' pages ─▶ the drain runs hand back and end, each one's
+    ─▶ summary (demo.summary: the posts as the local APIs stored them), URLs, the drain runs' pages
+    ─▶ the drain runs hand back and end, each one's
        final state printed ─▶ every process stopped
 
 One run per worker. Each worker takes runs from the pool's `default` queue (where the schedule puts its
@@ -65,14 +70,15 @@ from rich.console import Console
 from sqlalchemy import Connection, Engine, text
 from sqlalchemy.engine import make_url
 
-from demo import prometheus
+from demo import posts, prometheus
 from demo.commands import outbox_command
 from demo.postgres import embedded_postgres_server, fresh_database
+from demo.posts import Posts
 from demo.progress import Count, counts, step
 from demo.stack import Stack, flaky_script
 from demo.summary import Ids, Workload, print_summary
 from examples.accounts import events, notices, schema, webhooks
-from outbox import migrate
+from outbox import migrate, ops
 from outbox.db import sync_engine
 from outbox.email import enqueue_email
 from outbox.errors import OutboxError
@@ -156,11 +162,17 @@ def run_demo(
     workdir = data_dir / "demo"
     shutil.rmtree(workdir / "prefect", ignore_errors=True)
     stack = Stack(
-        database_url=url, workdir=workdir, workers=workers, flaky=flaky, prefect_database_url=prefect_database(server)
+        database_url=url,
+        workdir=workdir,
+        workers=workers,
+        flaky=flaky,
+        prefect_database_url=prefect_database(server),
+        adapters=posts.ADAPTERS,
     )
     try:
         with step(console, "starting the local stack (every part on 127.0.0.1, logs in the demo's folder)") as news:
             stack.start(news)
+        posts.register(stack.apis.urls())
         say(f"Prefect UI: {stack.prefect_url}")
         show_prometheus(stack, stack.start_prometheus())
         kinds = ("EMAIL", "WEBHOOK", "NATS_EVENT") if stack.nats is not None else ("EMAIL", "WEBHOOK")
@@ -295,9 +307,10 @@ class Backlog:
 
 def run_workload(engine: Engine, stack: Stack, asked: Backlog, timeout: float) -> Workload:
     """The backlog, enqueued whole before any executor runs (so it is there to see, due, in `outbox status`
-    and the live views), admins of some workspaces unsubscribing; then one drain run per worker, until every
-    action ended; then the pickup probe (PROBE_EMAILS at PROBE_RATE a second, on idle executors) until those
-    ended, each with its count."""
+    and the live views), admins of some workspaces unsubscribing, and the alert of that storm with its posts;
+    then one drain run per worker, until every action of the backlog ended; then the alert resolved (a reply in
+    its Slack message's thread) and the pickup probe (PROBE_EMAILS at PROBE_RATE a second, on idle executors)
+    until those ended, each with its count."""
     alerts = make_alerts(engine, asked.actions, asked.lanes)
     probe_alerts = make_alerts(engine, PROBE_EMAILS, PROBE_EMAILS)  # each alone in a lane of its own
     with counts(console) as stage:
@@ -305,14 +318,46 @@ def run_workload(engine: Engine, stack: Stack, asked: Backlog, timeout: float) -
         backlog = enqueue(engine, alerts, asked.kinds, enqueued.update)
         enqueued.finish()
     say_unsubscribed(engine, backlog, unsubscribe_some(engine, backlog, asked.unsubscribe), asked.unsubscribe)
+    storm = f"{asked.actions:,} workspace alerts over {asked.lanes:,} workspaces"
+    raised = posts.raise_alert(
+        engine, alerts[0][1], f"Alert storm: {storm}", f"{storm}, each an email, a webhook or an event."
+    )
+    say(
+        f"alert {raised.alert} raised, and in its transaction its posts: a Slack message in {posts.CHANNEL},"
+        f" a comment on {posts.PULL_REPO}#{posts.PULL}, an issue in {posts.FEEDBACK_REPO}, a note on"
+        f" {posts.PROJECT}!{posts.MERGE_REQUEST}"
+    )
     first_claim = start_executors(stack)
     with counts(console) as stage:
         count = stage.count("backlog: actions ended since the first executor claimed", asked.actions, first_claim)
-        wait_for_the_end(count, engine, backlog, timeout)
+        seconds = wait_for_the_end(count, engine, backlog, timeout)
+        resolved = resolve(engine, raised, f"Resolved: the {storm} ended in {seconds:.1f} s.", timeout)
         probe_count = stage.count(f"pickup probe: emails enqueued at {PROBE_RATE}/s, ended", PROBE_EMAILS)
         probe = enqueue_paced(engine, probe_alerts, PROBE_RATE, lambda ids: probe_count.update(ended(engine, ids)))
         wait_for_the_end(probe_count, engine, probe, timeout)
-    return Workload(asked.kinds, backlog, probe, PROBE_RATE)
+        made = Ids(resolved.message, resolved.reply or resolved.note)
+        posted = stage.count("posts: to Slack, GitHub and GitLab, ended", actions(engine, made))
+        wait_for_the_end(posted, engine, made, timeout)
+    return Workload(asked.kinds, backlog, made, resolved, probe, PROBE_RATE)
+
+
+def resolve(engine: Engine, raised: Posts, resolution: str, timeout: float) -> Posts:
+    """Once the alert's Slack message ended (it is posted alongside the backlog), its reply in the message's
+    thread; a message that did not end DONE has no thread to reply in, and the demo says so."""
+    deadline = time.monotonic() + timeout
+    while ended(engine, Ids(raised.message, raised.message)) == 0:
+        if time.monotonic() > deadline:
+            raise OutboxError(f"the alert's Slack message (action {raised.message}) did not end within {timeout:.0f} s")
+        time.sleep(0.2)
+    with engine.connect() as conn:
+        message = ops.get_action(conn, raised.message)
+    thread = posts.slack_ts(message)
+    if thread is None:
+        say(f"the alert's Slack message ended {message.state.value}: no thread to reply in")
+        return raised
+    resolved = posts.resolve_alert(engine, raised, thread, resolution)
+    say(f"alert {raised.alert} resolved: a reply in its Slack message's thread enqueued")
+    return resolved
 
 
 def say_unsubscribed(engine: Engine, backlog: Ids, workspaces: list[int], share: float) -> None:

@@ -2,6 +2,7 @@
 
     embedded PostgreSQL (or OUTBOX_DATABASE_URL) ─ migrate ─ example application
     SMTP sink (+ its mailbox page) ─ webhook receiver (verifies, deduplicates by webhook-id, fails a share)
+    ─ the local Slack, GitHub and GitLab APIs (demo.apis: the posts' providers, with tokens of their own)
     ─ nats-server with JetStream and the stream ACCOUNTS (when Debian's nats-server is installed)
     ─ Prefect server (flow runs kept 14 days; its state in SQLite under
     PREFECT_HOME, or in the PostgreSQL database given as `prefect_database_url`) ─ work pool, zombie
@@ -43,6 +44,7 @@ import httpx
 import psutil
 
 from demo import prometheus
+from demo.apis import LocalApis
 from demo.nats import NATS_SERVER, NatsServer
 from demo.receiver import Receiver
 from demo.sink import Faults, SmtpSink
@@ -150,6 +152,8 @@ class Stack:
     webhook_secret: str = field(default_factory=lambda: "whsec_" + base64.b64encode(os.urandom(32)).decode())
     # the events' JetStream server; None when nats-server is not installed (the demo sends no events then)
     nats: NatsServer | None = None
+    # the local Slack, GitHub and GitLab APIs the demo application's posts reach (demo.posts)
+    apis: LocalApis = field(default_factory=LocalApis)
     prefect_url: str = ""
     metrics_url: str = ""
     mailbox_url: str = ""
@@ -170,11 +174,12 @@ class Stack:
         (self.workdir / "prefect").mkdir(parents=True, exist_ok=True)
         for log in self.workdir.glob("*.log"):  # each stack's logs start empty: none holds an earlier one's lines
             log.unlink()
-        news("the SMTP sink, the webhook receiver and nats-server")
+        news("the SMTP sink, the webhook receiver, the local Slack, GitHub and GitLab APIs, and nats-server")
         self.sink = SmtpSink(faults=Faults(flaky=self.flaky), seed=7).start()
         self._serve_mailbox()
         # faults on first deliveries only: a retry (5 s later) is kept, never waits the schedule's 5 minutes
         self.receiver = Receiver(self.webhook_secret, first_deliveries_only=True).start()
+        self.apis.start(self.workdir)
         if Path(NATS_SERVER).is_file():
             store = self.workdir / "nats"  # made afresh, as the Prefect server's database is
             shutil.rmtree(store, ignore_errors=True)
@@ -327,6 +332,7 @@ class Stack:
         effects = {
             "ACCOUNTS_ALERTS_WEBHOOK_URL": self.receiver.url,
             "OUTBOX_WEBHOOK_SECRET_ALERTS": self.webhook_secret,
+            **self.apis.environment(),
         }
         if self.nats is not None:
             effects["OUTBOX_NATS_URL"] = self.nats.url
@@ -462,6 +468,7 @@ class Stack:
                 self.sink.stop()
             if self.receiver is not None:
                 self.receiver.stop()
+            self.apis.stop()
             if self.nats is not None:
                 self.nats.stop()
 

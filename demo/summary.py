@@ -1,14 +1,16 @@
 """The summary `outbox demo` prints once its workload ended: every action's outcome, and figures that add up.
 
-    the workload's ids ─▶ outcomes by part (backlog, probe), kind, state and reason ─▶ the outcomes table
+    the workload's ids ─▶ outcomes by part (backlog, posts, probe), kind, state and reason ─▶ the outcomes table
                        ─▶ fences (first attempt, later, none) and the waits' quantiles ─┐
-    the SMTP sink, the webhook receiver, the stream, the drain runs, the URLs ──────────┴▶ the figures table
+    the SMTP sink, the webhook receiver, the stream, the local APIs, the URLs ──────────┴▶ the figures table
+    each post's action (as `outbox show` reads it) and what its local API stored ──────────▶ a line per post
 
 Each figure says what it counts when that is not every action of its part: a wait is measured over the
 actions that reached their fence (an action cancelled before its fence has none), the pickup over first
 attempts only (a retried one waited for its backoff, not for a pickup); the sink's messages are the emails
 that reached DATA, DONE or UNCERTAIN (the relay kept an UNCERTAIN one, then its answer was lost); the
-receiver's deliveries include the repeats it deduplicated by webhook-id.
+receiver's deliveries include the repeats it deduplicated by webhook-id. A post is found in its local API's
+store by the marker its action put in it (a Slack message's metadata, a GitHub or GitLab body's last line).
 
 Both tables fit 80 columns at the demo's sizes. Sent to a file or a pipe, a table is printed as wide as it
 needs (rich would wrap its cells at 80 columns otherwise), so every row stays one line.
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -27,8 +30,15 @@ from rich.measure import Measurement
 from rich.table import Table
 from sqlalchemy import Connection, Engine, text
 
+from demo import posts
+from demo.posts import Posts
 from demo.stack import Stack, answers
 from examples.accounts import events
+from outbox import ops
+from outbox.action import Action
+from outbox.github import marker as github_marker
+from outbox.gitlab import marker as gitlab_marker
+from outbox.slack import message_marker
 
 
 @dataclass(frozen=True)
@@ -47,6 +57,9 @@ class Workload:
     # the kinds of the backlog, in the turn its alerts take them
     kinds: tuple[str, ...]
     backlog: Ids
+    # the alert's posts: their ids, and which is which
+    posts: Ids
+    alert: Posts
     probe: Ids
     # the probe's emails a second
     probe_rate: float
@@ -63,6 +76,13 @@ class Fences:
     @property
     def none(self) -> int:
         return self.total - self.first - self.later
+
+
+class Stored(NamedTuple):
+    """A post as its local API stored it: what the summary shows, and how its action's readback reference starts."""
+
+    shown: str
+    reference: str
 
 
 class Outcome(NamedTuple):
@@ -113,15 +133,16 @@ NOTES = (
 
 def print_summary(console: Console, engine: Engine, workload: Workload, stack: Stack) -> None:
     with engine.connect() as conn:
-        parts = {"backlog": workload.backlog, "probe": workload.probe}
+        parts = {"backlog": workload.backlog, "posts": workload.posts, "probe": workload.probe}
         outcomes = {
             part: [Outcome(*row) for row in conn.execute(OUTCOMES, ids.params())] for part, ids in parts.items()
         }
         figures = figures_table(conn, workload, outcomes, stack)
+        arrived = post_lines(conn, workload.alert, stack)
     print_table(console, outcomes_table(outcomes))
     print_table(console, figures)
-    for note in NOTES:
-        console.print(note, soft_wrap=True, markup=False, highlight=False)
+    for line in [*NOTES, *arrived]:
+        console.print(line, soft_wrap=True, markup=False, highlight=False)
 
 
 def print_table(console: Console, table: Table) -> None:
@@ -198,7 +219,78 @@ def effect_rows(outcomes: dict[str, list[Outcome]], stack: Stack) -> list[tuple[
     if stack.nats is not None:
         held = asyncio.run(stream_messages(stack.nats.url, events.STREAM))
         rows.append(("events in the stream", f"{sum(held.values()):,} ({len(held):,} distinct Nats-Msg-Id)"))
+    apis = stack.apis
+    assert apis.slack is not None and apis.github is not None and apis.gitlab is not None
+    stored = (len(apis.slack.posted()), len(apis.github.posts_of("comment") + apis.github.posts_of("issue")))
+    notes = len(apis.gitlab.notes(posts.PROJECT, "merge_request", posts.MERGE_REQUEST))
+    done = sum(n for _, state, _, n in outcomes["posts"] if state == "DONE")
+    rows.append(("posts at the local APIs", f"Slack {stored[0]}, GitHub {stored[1]}, GitLab {notes}: {done} DONE"))
     return rows
+
+
+def post_lines(conn: Connection, alert: Posts, stack: Stack) -> list[str]:
+    """A line per post of the alert: its action's state, and what its local API stored (found by the marker its
+    action put in it), said to be what `outbox show` gives as its readback reference, or not."""
+    apis = stack.apis
+    assert apis.slack is not None and apis.github is not None and apis.gitlab is not None
+    slack, github, gitlab = apis.slack, apis.github, apis.gitlab
+
+    def messages(action: Action) -> list[Stored]:
+        key = message_marker(action.idempotency_key)
+        return [
+            Stored(
+                f"channel {m['channel']}, ts {m['ts']}"
+                + (f", in the thread of {m['thread_ts']}" if "thread_ts" in m else ""),
+                f"channel={m['channel']} ts={m['ts']}",
+            )
+            for m in slack.posted()
+            if (m.get("metadata") or {}).get("event_payload", {}).get("key") == key
+        ]
+
+    def github_posts(kind: str) -> Callable[[Action], list[Stored]]:
+        def stored(action: Action) -> list[Stored]:
+            mark = github_marker(action.idempotency_key)
+            return [Stored(p.html_url, p.html_url) for p in github.posts_of(kind) if p.body.endswith(mark)]
+
+        return stored
+
+    def notes(action: Action) -> list[Stored]:
+        mark = gitlab_marker(action.idempotency_key)
+        found = gitlab.notes(posts.PROJECT, "merge_request", posts.MERGE_REQUEST)
+        where = f"{posts.PROJECT}!{posts.MERGE_REQUEST}"
+        return [
+            Stored(
+                f"note {n['id']} on {where}",
+                f"{gitlab.url}/{posts.PROJECT}/-/merge_requests/{posts.MERGE_REQUEST}#note_{n['id']}",
+            )
+            for n in found
+            if n["body"].endswith(mark)
+        ]
+
+    made = [
+        ("Slack message", alert.message, messages),
+        ("Slack reply", alert.reply, messages),
+        ("PR comment", alert.comment, github_posts("comment")),
+        ("feedback issue", alert.issue, github_posts("issue")),
+        ("GitLab note", alert.note, notes),
+    ]
+    lines = ["posts, as the local Slack, GitHub and GitLab APIs stored them (each action in full: outbox show ID):"]
+    for what, action_id, stored in made:
+        if action_id is None:
+            lines.append(f"  {what:<15} none: its thread's message was not posted")
+            continue
+        action = ops.get_action(conn, action_id)
+        lines.append(f"  {what:<15} action {action.id}, {action.state.value}: {_arrival(action, stored(action))}")
+    return lines
+
+
+def _arrival(action: Action, stored: list[Stored]) -> str:
+    """What the API stored for `action`, and whether `outbox show` gives it as the action's readback reference."""
+    if not stored:
+        return "nothing stored"
+    shown = stored[0].shown + (f" (and {len(stored) - 1} more: the same post again)" if len(stored) > 1 else "")
+    ref = action.readback_ref or "none"
+    return shown + ("" if ref.startswith(stored[0].reference) else f"; outbox show gives {ref}")
 
 
 def _quantiles(conn: Connection, ids: Ids, *, first_only: bool, from_first_fence: bool) -> str:

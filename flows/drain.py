@@ -20,10 +20,25 @@ piling onto one. With N workers, N runs (so N executors) are Running in steady s
 only once the successor's executor claims, and overlaps it by at most one check (2 s) plus the hand-back,
 so the count of executors never drops at a handover.
 
+Cells. With `cell` given (a name in the cells file, OUTBOX_CELLS_FILE: outbox.cells), the run drains that
+cell's database; without it, the one database of OUTBOX_DATABASE_URL, as always. A cell whose URL variable
+is unset on the worker is read from the Prefect Secret block `outbox-cell-<name>`. Each cell is a deployment
+of its own (`outbox-drain-<cell>`, written by `outbox prefect files DIR --cells`), all on one work pool: the
+relay counts the runs of its own deployment, so of its own cell, and keeps one run per ONLINE worker in
+every cell (a worker added serves every cell; a cell added needs no worker). The run's name, its tags
+(`cell:<name>`), its live view and summary artifacts (keys ending in `-<cell>`), its start line and every
+event (`outbox.cell`, and the cell in the resource's id: action ids repeat across cells) say the cell. A
+cell's database that cannot be reached when a run starts ends that run Failed in one line; the schedule's
+next tick tries again, and the other cells' runs are not touched. An outage while a run drains is its
+executor's own: it asks again until the database answers.
+
 Webhook secrets. Before its adapters are built, a run reads the Prefect Secret block `outbox-webhook-<name>`
 for each registered webhook endpoint whose secret neither the code nor `OUTBOX_WEBHOOK_SECRET_<NAME>` gives.
 An endpoint with none of them ends the run Failed before it claims, in one line naming the variable and
-the block (no traceback), as do NATS settings that are missing or wrong (OUTBOX_NATS_URL).
+the block (no traceback), as do NATS settings that are missing or wrong (OUTBOX_NATS_URL). A GitLab host's token
+is read the same way from the block `outbox-gitlab-<name>` when neither the code nor
+`OUTBOX_GITLAB_TOKEN_<NAME>` gives it, and a GitHub account's token or App private key from `outbox-github-<name>`
+when neither the code nor `OUTBOX_GITHUB_TOKEN_<NAME>` / `OUTBOX_GITHUB_PRIVATE_KEY_<NAME>` gives it.
 
 No Prefect task per action: an action is plain Python inside the run, so Prefect's retries and state
 records never fight the outbox's own attempts. SIGTERM (from `outbox worker` when its replica stops, or
@@ -58,6 +73,7 @@ import signal
 import socket
 from collections import Counter
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any, cast
 from uuid import UUID
 
@@ -79,19 +95,27 @@ from prefect.context import FlowRunContext
 from prefect.events import emit_event
 from prefect.runtime import flow_run as this_run
 from prefect.states import Failed
+from sqlalchemy.exc import DBAPIError
 
-from outbox.db import async_engine, shown_database, sync_engine
+from outbox.cells import CellsError
+from outbox.db import async_engine, fault_text, shown_database, sync_engine
 from outbox.executor import Executor, ExecutorConfig
 from outbox.executor.adapter import load_adapters
-from outbox.executor.config import DEFAULTS, start_line
+from outbox.executor.config import DEFAULTS, ENGINE_POOL_SIZE, start_line
 from outbox.executor.outcomes import DestinationChange, EndedAction, Outcomes
+from outbox.github.accounts import GithubSecretError, registered_accounts
+from outbox.github.accounts import add_secret_source as add_github_secret_source
+from outbox.gitlab.hosts import GitlabTokenError, registered_hosts
+from outbox.gitlab.hosts import add_token_source as add_gitlab_token_source
 from outbox.kind_rows import require_declared
 from outbox.log_records import hide_secrets_in_logs
 from outbox.nats.settings import NatsSettingsError
 from outbox.ops import lanes
 from outbox.settings import load_settings
+from outbox.slack.workspaces import SlackTokenError, add_token_source, registered_workspaces
 from outbox.webhook.endpoints import WebhookSecretError, add_secret_source, registered_endpoints
 
+from .cells import cell_url
 from .live import show_live
 
 # how often a run looks for its successor; a handover overlaps by at most this much plus the hand-back
@@ -107,6 +131,15 @@ SUMMARY_KEY = "outbox-drain-summary"
 # the Prefect Secret block a webhook endpoint's secret is read from when neither the code nor the
 # environment (OUTBOX_WEBHOOK_SECRET_<NAME>) gives one
 WEBHOOK_SECRET_BLOCK = "outbox-webhook-{name}"
+# the Prefect Secret block a Slack workspace's token is read from when neither the code nor the environment
+# (OUTBOX_SLACK_TOKEN_<NAME>) gives one
+SLACK_TOKEN_BLOCK = "outbox-slack-{name}"
+# and a GitLab host's token, when neither the code nor OUTBOX_GITLAB_TOKEN_<NAME> gives one
+GITLAB_TOKEN_BLOCK = "outbox-gitlab-{name}"
+# and a GitHub account's token or App private key, when neither the code nor its variable gives one
+GITHUB_SECRET_BLOCK = "outbox-github-{name}"
+# a run of a cell carries `cell:<name>`
+CELL_TAG = "cell:"
 
 
 def ship_outbox_logs() -> None:
@@ -135,15 +168,64 @@ async def webhook_secrets_from_prefect() -> None:
     )
 
 
+async def slack_tokens_from_prefect() -> None:
+    """Read the Secret block `outbox-slack-<name>` of each registered Slack workspace that has no token in the
+    code or the environment, and offer them to the adapter as a token source (as webhook secrets are)."""
+    found: dict[str, str] = {}
+    for workspace in registered_workspaces():
+        if workspace.token is not None or workspace.token_variable in os.environ:
+            continue
+        with contextlib.suppress(ValueError):  # no such block: the adapter's error names it
+            block = cast("Secret[str]", await Secret.aload(SLACK_TOKEN_BLOCK.format(name=workspace.name)))
+            found[workspace.name] = str(block.get())
+    add_token_source(found.get, label=lambda name: "the Prefect Secret block " + SLACK_TOKEN_BLOCK.format(name=name))
+
+
+async def gitlab_tokens_from_prefect() -> None:
+    """Read the Secret block `outbox-gitlab-<name>` of each registered GitLab host that has no token in the code
+    or the environment, and offer them to the adapter as a token source (as webhook secrets are)."""
+    found: dict[str, str] = {}
+    for host in registered_hosts():
+        if host.token is not None or host.token_variable in os.environ:
+            continue
+        with contextlib.suppress(ValueError):  # no such block: the adapter's error names it
+            block = cast("Secret[str]", await Secret.aload(GITLAB_TOKEN_BLOCK.format(name=host.name)))
+            found[host.name] = str(block.get())
+    add_gitlab_token_source(
+        found.get, label=lambda name: "the Prefect Secret block " + GITLAB_TOKEN_BLOCK.format(name=name)
+    )
+
+
+async def github_secrets_from_prefect() -> None:
+    """Read the Secret block `outbox-github-<name>` of each registered GitHub account that has no token (or App
+    private key) in the code or the environment, and offer them to the adapter as a secret source."""
+    found: dict[str, str] = {}
+    for account in registered_accounts():
+        if account.secret is not None or account.secret_variable in os.environ:
+            continue
+        with contextlib.suppress(ValueError):  # no such block: the adapter's error names it
+            block = cast("Secret[str]", await Secret.aload(GITHUB_SECRET_BLOCK.format(name=account.name)))
+            found[account.name] = str(block.get())
+    add_github_secret_source(
+        found.get, label=lambda name: "the Prefect Secret block " + GITHUB_SECRET_BLOCK.format(name=name)
+    )
+
+
+def keyed(key: str, cell: str | None) -> str:
+    """An artifact's key, per cell when the run drains one."""
+    return f"{key}-{cell}" if cell else key
+
+
 def worker_name() -> str:
     """The worker that started this run (the host's name outside a worker)."""
     return os.environ.get("PREFECT__WORKER_NAME") or socket.gethostname()
 
 
 def run_name() -> str:
-    """`<worker> <window start, UTC>`: which replica ran the window, and when it was due."""
+    """`<worker> [<cell>] <window start, UTC>`: which replica ran the window, of which cell, and when it was due."""
     start = this_run.scheduled_start_time.astimezone(UTC)
-    return f"{worker_name()} {start:%Y-%m-%d %H:%M:%S}Z"
+    cell = this_run.parameters.get("cell")
+    return f"{worker_name()}{f' {cell}' if cell else ''} {start:%Y-%m-%d %H:%M:%S}Z"
 
 
 @flow(name="outbox-drain", flow_run_name=run_name, retries=0, log_prints=False)
@@ -152,15 +234,17 @@ async def drain(
     max_actions: int | None = None,
     concurrency: int = DEFAULTS.concurrency,
     adapters: str = "outbox.email:email_adapters",
+    cell: str | None = None,
 ) -> dict[str, Any] | State[Any]:
     """Carry out actions until a newer run takes over (in a deployment), SIGTERM, or a given budget is
-    spent (`max_seconds`, `max_actions`: none by default); return a summary, or the Failed state of a run
-    whose adapters cannot be built (a webhook endpoint without a secret, no OUTBOX_NATS_URL)."""
+    spent (`max_seconds`, `max_actions`: none by default), in `cell`'s database (None: OUTBOX_DATABASE_URL's);
+    return a summary, or the Failed state of a run whose adapters cannot be built (a webhook endpoint without
+    a secret, no OUTBOX_NATS_URL) or whose database cannot be read (a cell unknown, or down)."""
     loop = asyncio.get_running_loop()
     stop_requested = asyncio.Event()
     loop.add_signal_handler(signal.SIGTERM, stop_requested.set)
     try:
-        return await _drain(stop_requested, max_seconds, max_actions, concurrency, adapters)
+        return await _drain(stop_requested, max_seconds, max_actions, concurrency, adapters, cell)
     finally:
         loop.remove_signal_handler(signal.SIGTERM)
 
@@ -171,34 +255,58 @@ async def _drain(
     max_actions: int | None,
     concurrency: int,
     adapters: str,
+    cell: str | None,
 ) -> dict[str, Any] | State[Any]:
     hide_secrets_in_logs()
     ship_outbox_logs()
     logger = get_run_logger()
     settings = load_settings()
-    url = settings.database_url
-    if not url:
+    if cell is not None:
+        try:
+            url = await cell_url(cell)
+        except CellsError as wrong:  # one line, no traceback
+            return Failed(message=str(wrong))
+    elif settings.database_url:
+        url = settings.database_url
+    else:
         raise ValueError("OUTBOX_DATABASE_URL is not set for the drain flow")
-    engine = async_engine(url, pool_size=4, max_overflow=4, **settings.engine_timeouts())
+    engine = async_engine(url, pool_size=ENGINE_POOL_SIZE, max_overflow=0, **settings.engine_timeouts())
     config = ExecutorConfig(concurrency=concurrency, lease_seconds=settings.lease_seconds)
     try:
         factory = load_adapters(adapters)  # imports the application's modules: its endpoints are registered
         await webhook_secrets_from_prefect()
+        await slack_tokens_from_prefect()
+        await gitlab_tokens_from_prefect()
+        await github_secrets_from_prefect()
         try:
             carried_out = list(factory(engine))
-        except (WebhookSecretError, NatsSettingsError) as missing:  # one line, no traceback: nothing to retry
+        except (
+            WebhookSecretError,
+            NatsSettingsError,
+            SlackTokenError,
+            GitlabTokenError,
+            GithubSecretError,
+        ) as missing:  # one line, no traceback: nothing to retry
             return Failed(message=str(missing))
-        executor = Executor(engine, carried_out, config, listen_url=settings.listen_database_url)
-        await require_declared(engine, (adapter.kind for adapter in carried_out))
-        logger.info("%s", start_line(executor.kinds, shown_database(url), config))
-        executor.outcomes.listeners.append(emit_ended)
-        executor.outcomes.destination_listeners.append(emit_destination)
+        listen_url = settings.listen_database_url if cell is None else None  # one listen URL: one database
+        executor = Executor(engine, carried_out, config, listen_url=listen_url)
+        try:
+            await require_declared(engine, (adapter.kind for adapter in carried_out))
+        except DBAPIError as error:
+            if cell is None:
+                raise
+            # a cell that is down: one line; the next tick tries again, the other cells drain on
+            return Failed(message=f"cell {cell}: cannot reach its database ({fault_text(error)})")
+        line = start_line(executor.kinds, shown_database(url), config)
+        logger.info("%s%s", f"cell {cell}: " if cell else "", line)
+        executor.outcomes.listeners.append(partial(emit_ended, cell=cell))
+        executor.outcomes.destination_listeners.append(partial(emit_destination, cell=cell))
         started = asyncio.get_running_loop().time()
         watchers = [
             asyncio.create_task(_stop_on(stop_requested, executor, logger)),
-            asyncio.create_task(tag_when_claiming(executor, settings.environment, logger)),
+            asyncio.create_task(tag_when_claiming(executor, settings.environment, logger, cell)),
             asyncio.create_task(hand_over_when_relieved(executor, logger)),
-            asyncio.create_task(show_live(executor, engine, logger)),
+            asyncio.create_task(show_live(executor, engine, logger, cell)),
         ]
         try:
             outcomes = await executor.run(max_actions=max_actions, max_seconds=max_seconds)
@@ -220,7 +328,7 @@ async def _drain(
         rows = await asyncio.to_thread(artifact_rows, outcomes, url)
         await acreate_table_artifact(
             table=rows,
-            key=SUMMARY_KEY,
+            key=keyed(SUMMARY_KEY, cell),
             description="Attempts by kind and result; the deepest lanes after the run.",
         )
     return summary
@@ -288,10 +396,11 @@ async def other_workers_online(client: PrefectClient, work_pool_name: str) -> li
     return [worker.name for worker in workers if worker.name != mine]
 
 
-async def tag_when_claiming(executor: Executor, environment: str, logger: Any) -> None:
-    """Once the executor claims, add `kind:<KIND>` for each kind it carries out and `env:<environment>` to
-    this run's tags. The relay counts a run only once it carries them: its executor is up. The Prefect API
-    being unreachable delays the tags, never the executor: it is asked again every check."""
+async def tag_when_claiming(executor: Executor, environment: str, logger: Any, cell: str | None = None) -> None:
+    """Once the executor claims, add `kind:<KIND>` for each kind it carries out, `env:<environment>` (and
+    `cell:<name>` for a cell's run) to this run's tags. The relay counts a run only once it carries them: its
+    executor is up. The Prefect API being unreachable delays the tags, never the executor: it is asked again
+    every check."""
     await executor.claiming.wait()
     run_id = this_run.get_id()
     if run_id is None:
@@ -303,6 +412,8 @@ async def tag_when_claiming(executor: Executor, environment: str, logger: Any) -
                 run = await client.read_flow_run(UUID(run_id))
                 tags = set(run.tags) | {f"{CLAIMING_TAG}{kind}" for kind in executor.kinds} | {f"env:{environment}"}
                 tags.add(f"{WORKER_TAG}{worker_name()}")
+                if cell is not None:
+                    tags.add(f"{CELL_TAG}{cell}")
                 await client.update_flow_run(run.id, tags=sorted(tags))
                 return
             except Exception as error:  # the API is down or slow: the run drains untagged meanwhile
@@ -377,37 +488,44 @@ def relieved_by(me: UUID, running: list[tuple[datetime, UUID, str]], workers: in
     return None if me in kept else len(running)
 
 
-def emit_ended(action: EndedAction) -> None:
+def emit_ended(action: EndedAction, cell: str | None = None) -> None:
     """One Prefect event for an action of any kind that ended UNCERTAIN or FAILED."""
     if action.state not in ("UNCERTAIN", "FAILED"):
         return
-    emit_event(event=f"outbox.action.{action.state.lower()}", resource=ended_resource(action))
+    emit_event(event=f"outbox.action.{action.state.lower()}", resource=ended_resource(action, cell))
 
 
-def ended_resource(action: EndedAction) -> dict[str, str]:
+def ended_resource(action: EndedAction, cell: str | None = None) -> dict[str, str]:
     """The event's resource: the action, its kind, state and reason, and its trace (`outbox.trace.<field>`,
-    a string as it is, any other value as JSON)."""
+    a string as it is, any other value as JSON). A cell's action is `outbox.action.<cell>.<id>` (ids repeat
+    across cells), with `outbox.cell`."""
+    where = f"{cell}." if cell else ""
     resource = {
-        "prefect.resource.id": f"outbox.action.{action.id}",
-        "prefect.resource.name": f"{action.kind} action {action.id}",
+        "prefect.resource.id": f"outbox.action.{where}{action.id}",
+        "prefect.resource.name": f"{action.kind} action {action.id}" + (f" in cell {cell}" if cell else ""),
         "outbox.kind": action.kind,
         "outbox.state": action.state,
         "outbox.reason": action.reason,
     }
+    if cell:
+        resource["outbox.cell"] = cell
     for name, value in action.trace.items():
         resource[f"outbox.trace.{name}"] = value if isinstance(value, str) else json.dumps(value)
     return resource
 
 
-def emit_destination(change: DestinationChange) -> None:
-    """One Prefect event for each change the executor made to a destination: paused, broken, mended, resumed."""
-    emit_event(event=f"outbox.destination.{change.change}", resource=destination_resource(change))
+def emit_destination(change: DestinationChange, cell: str | None = None) -> None:
+    """One Prefect event for each change the executor made to a destination: paused, broken, refused, mended,
+    resumed."""
+    emit_event(event=f"outbox.destination.{change.change}", resource=destination_resource(change, cell))
 
 
-def destination_resource(change: DestinationChange) -> dict[str, str]:
-    """The event's resource: the destination, its kind, why it changed, and how long a pause lasts."""
+def destination_resource(change: DestinationChange, cell: str | None = None) -> dict[str, str]:
+    """The event's resource: the destination, its kind, why it changed, and how long a pause lasts; a cell's
+    destination is `outbox.destination.<cell>.<name>` (each cell pauses its own), with `outbox.cell`."""
+    where = f"{cell}." if cell else ""
     resource = {
-        "prefect.resource.id": f"outbox.destination.{change.name}",
+        "prefect.resource.id": f"outbox.destination.{where}{change.name}",
         "prefect.resource.name": f"{change.kind} destination {change.name}",
         "outbox.kind": change.kind,
         "outbox.destination": change.name,
@@ -415,6 +533,8 @@ def destination_resource(change: DestinationChange) -> dict[str, str]:
     }
     if change.seconds is not None:
         resource["outbox.seconds"] = f"{change.seconds:.3f}"
+    if cell:
+        resource["outbox.cell"] = cell
     return resource
 
 

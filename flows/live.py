@@ -58,6 +58,8 @@ class LiveView:
     attempts: dict[tuple[str, str, bool], int]
     backlog: Status
     deepest: tuple[Lane, ...]
+    # the cell the run drains (None: the one database)
+    cell: str | None = None
 
     @property
     def empty(self) -> bool:
@@ -82,7 +84,10 @@ class LiveView:
         shown = ", ".join(f"{name} {count}" for name, count in sorted(by_result.items()))
         lanes = ", ".join(f"{lane.lane_key} {lane.depth} (head {lane.head_id})" for lane in self.deepest)
         return (
-            f"live: {attempts} attempts" + (f" ({shown})" if shown else "") + f"; backlog: due now {self.backlog.due},"
+            (f"live, cell {self.cell}: " if self.cell else "live: ")
+            + f"{attempts} attempts"
+            + (f" ({shown})" if shown else "")
+            + f"; backlog: due now {self.backlog.due},"
             f" waiting behind lane heads {self.backlog.waiting_for_lane}, oldest due {_age(self.backlog)};"
             f" deepest lanes: {lanes or 'none'}"
         )
@@ -99,7 +104,8 @@ class LiveView:
         ]
         return "\n".join(
             [
-                f"### Live, {self.at:%Y-%m-%d %H:%M:%S}Z (refreshed every {LIVE_SECONDS:.0f} s while the run works)",
+                f"### Live{f', cell {self.cell}' if self.cell else ''}, {self.at:%Y-%m-%d %H:%M:%S}Z"
+                f" (refreshed every {LIVE_SECONDS:.0f} s while the run works)",
                 "",
                 f"**Attempts so far: {sum(self.attempts.values())}** (this run's executor)",
                 "",
@@ -107,7 +113,7 @@ class LiveView:
                 "| --- | --- | --- | --- |",
                 *(rows or ["| - | - | - | 0 |"]),
                 "",
-                "**Backlog** (the whole outbox)",
+                f"**Backlog** (the whole outbox{f' of cell {self.cell}' if self.cell else ''})",
                 "",
                 "| due now | waiting behind lane heads | oldest due | lanes with backlog | executing |",
                 "| --- | --- | --- | --- | --- |",
@@ -128,13 +134,13 @@ def _age(backlog: Status) -> str:
     return "-" if seconds is None else f"{seconds:.1f} s"
 
 
-def read_view(conn: Connection, outcomes: Outcomes) -> LiveView:
+def read_view(conn: Connection, outcomes: Outcomes, cell: str | None = None) -> LiveView:
     """The view now: the executor's attempts so far, and the backlog as `outbox status` counts it, every
     figure from one snapshot (read separately, the due actions and their lane heads could come from two
     moments, and what waits behind the heads read negative)."""
     conn.execute(READ_ONLY_SNAPSHOT)
     attempts = dict(outcomes.attempts)
-    return LiveView(datetime.now(UTC), attempts, status(conn), lanes(conn, DEEPEST).deepest)
+    return LiveView(datetime.now(UTC), attempts, status(conn), lanes(conn, DEEPEST).deepest, cell)
 
 
 def lane_keys_printed_as_they_are() -> None:
@@ -146,8 +152,9 @@ def lane_keys_printed_as_they_are() -> None:
             handler.console._emoji = False  # rich keeps Console(emoji=...) there; it has no setter
 
 
-async def show_live(executor: Executor, engine: AsyncEngine, logger: Any) -> None:
-    """Refresh the run's live view from the executor's first claim until cancelled (the run ends)."""
+async def show_live(executor: Executor, engine: AsyncEngine, logger: Any, cell: str | None = None) -> None:
+    """Refresh the run's live view from the executor's first claim until cancelled (the run ends); a cell's
+    run shows its cell, under the key `outbox-drain-live-<cell>`."""
     lane_keys_printed_as_they_are()
     await executor.claiming.wait()
     loop = asyncio.get_running_loop()
@@ -158,12 +165,12 @@ async def show_live(executor: Executor, engine: AsyncEngine, logger: Any) -> Non
     while True:
         try:
             async with engine.connect() as conn:
-                view = await conn.run_sync(read_view, executor.outcomes)
+                view = await conn.run_sync(read_view, executor.outcomes, cell)
             if view.moved_since(logged) and loop.time() - logged_at >= LOG_SECONDS:
                 logger.info("%s", view.line())
                 logged, logged_at = view, loop.time()
             if artifact is not None or not view.empty:
-                artifact = await publish(view, artifact)
+                artifact = await publish(view, artifact, cell)
             failing = False
         except Exception as error:  # the API or the database is down or slow: the executor drains on
             if not failing:
@@ -172,11 +179,12 @@ async def show_live(executor: Executor, engine: AsyncEngine, logger: Any) -> Non
         await asyncio.sleep(LIVE_SECONDS)
 
 
-async def publish(view: LiveView, artifact: UUID | None) -> UUID:
-    """Create the live artifact, or update it in place; its id."""
+async def publish(view: LiveView, artifact: UUID | None, cell: str | None = None) -> UUID:
+    """Create the live artifact (its key per cell for a cell's run), or update it in place; its id."""
     description = "This run's attempts so far, the backlog and the deepest lanes, refreshed while it works."
     if artifact is None:
-        return await acreate_markdown_artifact(markdown=view.markdown(), key=LIVE_KEY, description=description)
+        key = f"{LIVE_KEY}-{cell}" if cell else LIVE_KEY
+        return await acreate_markdown_artifact(markdown=view.markdown(), key=key, description=description)
     async with get_client() as client:
         await client.update_artifact(artifact, ArtifactUpdate(data=view.markdown()))
     return artifact

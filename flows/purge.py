@@ -1,6 +1,7 @@
 """outbox-purge: the retention purge on a daily schedule, one run at a time.
 
-scheduled run ──▶ outbox.retention.purge_ended (short batches) ──▶ INFO line + table artifact
+scheduled run ──▶ (a cell's run: its database, flows.cells) ──▶ outbox.retention.purge_ended (short batches)
+              ──▶ INFO line + table artifact (its key per cell)
 
 SIGTERM (its worker stopping) ends the purge after the batch it is in, and the run Completed: every batch
 commits on its own, and the next day's run takes up the rest.
@@ -15,6 +16,7 @@ from typing import Any
 
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_table_artifact
+from prefect.utilities.asyncutils import run_coro_as_sync
 
 from outbox.db import sync_engine
 from outbox.limits import PURGE_BATCH_SIZE
@@ -22,13 +24,16 @@ from outbox.log_records import hide_secrets_in_logs
 from outbox.retention import purge_ended
 from outbox.settings import load_settings
 
+from .cells import cell_url
+
 
 @flow(name="outbox-purge", retries=2, retry_delay_seconds=300, timeout_seconds=3600)
-def purge(retention_days: float = 30, batch_size: int = PURGE_BATCH_SIZE) -> dict[str, Any]:
-    """Delete the actions that ended more than `retention_days` ago; return how many went."""
+def purge(retention_days: float = 30, batch_size: int = PURGE_BATCH_SIZE, cell: str | None = None) -> dict[str, Any]:
+    """Delete the actions that ended more than `retention_days` ago, in `cell`'s database (None: the one of
+    OUTBOX_DATABASE_URL); return how many went."""
     hide_secrets_in_logs()
     settings = load_settings()
-    url = settings.database_url
+    url = run_coro_as_sync(cell_url(cell)) if cell is not None else settings.database_url
     if not url:
         raise ValueError("OUTBOX_DATABASE_URL is not set for the purge flow")
     stop = threading.Event()
@@ -45,7 +50,7 @@ def purge(retention_days: float = 30, batch_size: int = PURGE_BATCH_SIZE) -> dic
     get_run_logger().info("%spurged %s actions that ended more than %s days ago", ending, removed, retention_days)
     create_table_artifact(
         table=[{"retention_days": retention_days, "removed": removed}],
-        key="outbox-purge-summary",
+        key=f"outbox-purge-summary-{cell}" if cell else "outbox-purge-summary",
         description="Actions removed by the retention purge.",
     )
     return {"removed": removed, "retention_days": retention_days}

@@ -1,8 +1,9 @@
 """outbox: carry out a product's effects on the outside world as reliably as the database that records them.
 
 The public API, re-exported; nothing else. Each name loads its module on first use, so importing `outbox`
-(or the `outbox` command) costs nothing it does not use. It registers the kinds outbox brings (EMAIL, WEBHOOK and
-NATS_EVENT, from `outbox.email.kind`, `outbox.webhook.kind` and `outbox.nats.kind`, which load no client
+(or the `outbox` command) costs nothing it does not use. It registers the kinds outbox brings (EMAIL, WEBHOOK,
+NATS_EVENT, SLACK_MESSAGE, GITHUB_POST and GITLAB_POST, from the `kind` module of `outbox.email`,
+`outbox.webhook`, `outbox.nats`, `outbox.slack`, `outbox.github` and `outbox.gitlab`, which load no client
 library) and nothing else: an application registers its own kinds' adapters, email notices, webhook
 endpoints and events.
 """
@@ -11,9 +12,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-# the kinds' declarations (ActionKind.EMAIL, WEBHOOK, NATS_EVENT), and nothing else of their packages
+# the kinds' declarations (ActionKind.EMAIL, WEBHOOK, ...), and nothing else of their packages
 import outbox.email.kind
+import outbox.github.kind
+import outbox.gitlab.kind
 import outbox.nats.kind
+import outbox.slack.kind
 import outbox.webhook.kind  # noqa: F401
 from outbox.exports import lazy_names
 

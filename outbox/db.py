@@ -87,6 +87,12 @@ def _parse(url: str) -> URL:
     return parsed.set(drivername="postgresql+psycopg")
 
 
+def parsed_database_url(url: str) -> URL:
+    """`url` as outbox reads it: the psycopg driver, a multi-host URL's servers as `host` parameters;
+    InvalidDatabaseUrl for a URL that cannot be read or names another database."""
+    return _parse(url)
+
+
 def psycopg_url(url: str) -> str:
     """The same database as `url`, as the SQLAlchemy URL of psycopg 3, the driver outbox uses
     (`postgresql+psycopg://`), for the application's own `create_engine` or `create_async_engine`; exported

@@ -3,8 +3,8 @@
     destinations(conn) ──DESTINATION_ROWS──▶ every destination with a row or an action not ended
     pause(conn, name)  ──PAUSE (its row made first by ADD_DESTINATION, of the kind its live actions have)──▶
                          paused by the operator, for a time or until resumed: no executor claims for it
-    resume(conn, name) ──RESUME──▶ open: its pause, its breaker and its learned pace gone (a configured rate
-                         stays)
+    resume(conn, name) ──RESUME──▶ open: its pause, its breaker, its refused credentials and its learned pace
+                         gone (a configured rate stays)
 
 Each function runs on the caller's connection, inside its transaction; the CLI (`outbox destinations`, `outbox
 status`) prints what they return, and the metrics exporter reads the same rows (outbox.metrics.collector).
@@ -28,7 +28,7 @@ from outbox.store import destinations as store
 # the longest reason a pause keeps (agent_destination.pause_reason)
 MAX_REASON = 500
 
-OPEN, PACED, PAUSED, BROKEN = "open", "paced", "paused", "broken"
+OPEN, PACED, PAUSED, BROKEN, REFUSED = "open", "paced", "paused", "broken", "refused"
 
 
 class UnknownDestination(OutboxError, LookupError):
@@ -44,8 +44,9 @@ class UnknownDestination(OutboxError, LookupError):
 class Destination:
     name: str
     kind: str
-    # paused (no executor claims for it), broken (one probe at a time), paced (a provider's slow-down lowered
-    # its pace) or open; a paused destination that is also broken is paused
+    # paused (no executor claims for it), refused (the provider refused its credentials: one probe every few
+    # minutes), broken (one probe at a time), paced (a provider's slow-down lowered its pace) or open; a paused
+    # destination that is also broken or refused is paused
     state: str
     # while paused: when the pause ends, or None with `until_resumed` (an operator's pause without a time)
     paused_until: datetime | None
@@ -55,6 +56,9 @@ class Destination:
     pause_reason: str | None
     broken_since: datetime | None
     broken_seconds: float | None
+    # since when the provider refuses its credentials, and what it answered; None: it does not
+    credentials_refused_at: datetime | None
+    credentials_reason: str | None
     # the configured rate and the learned pace, in attempts a second; None: none
     rate: float | None
     pace: float | None
@@ -72,7 +76,17 @@ class Destination:
 
 def _destination(row: Any) -> Destination:
     paused = bool(row.paused)
-    state = PAUSED if paused else BROKEN if row.broken_since else PACED if row.pace is not None else OPEN
+    state = (
+        PAUSED
+        if paused
+        else REFUSED
+        if row.credentials_refused_at
+        else BROKEN
+        if row.broken_since
+        else PACED
+        if row.pace is not None
+        else OPEN
+    )
     return Destination(
         name=row.name,
         kind=row.kind,
@@ -83,6 +97,8 @@ def _destination(row: Any) -> Destination:
         pause_reason=row.pause_reason if paused else None,
         broken_since=row.broken_since,
         broken_seconds=row.broken_seconds,
+        credentials_refused_at=row.credentials_refused_at,
+        credentials_reason=row.credentials_reason,
         rate=row.rate,
         pace=row.pace,
         waiting=row.waiting,
@@ -146,8 +162,9 @@ def _declared_kind(conn: Connection, name: str) -> str | None:
 
 
 def resume(conn: Connection, name: str) -> Destination:
-    """Open `name` again: its pause (the operator's or a provider's) ends, its breaker and learned pace are
-    forgotten; a configured rate stays. A destination without a row is open already."""
+    """Open `name` again: its pause (the operator's or a provider's) ends, its breaker, refused credentials
+    and learned pace are forgotten (after a secret was mended, its next attempt tries it at once); a configured
+    rate stays. A destination without a row is open already."""
     _checked(name)
     conn.execute(store.RESUME, {"name": name})
     return _find(conn, name)

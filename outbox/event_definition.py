@@ -14,13 +14,16 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from sqlalchemy import TextClause
 
 from outbox.kinds import ActionKind
 from outbox.requests import ActionRequest
 from outbox.store.caller import AsyncConn, SyncConnection, fetch, fetch_async
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncEngine
 
 
 class EventDefinition(ABC):
@@ -71,6 +74,15 @@ class EventDefinition(ABC):
         """`rows` on an async connection (as the adapter runs it before every attempt)."""
         params, query = self.params(event), self._rows_query()
         return [] if query is None else await fetch_async(conn, query, params)
+
+    async def rows_from(self, engine: AsyncEngine, event: dict[str, Any]) -> Sequence[Mapping[str, Any]]:
+        """`rows_async` on a connection of `engine` taken for the query alone: without a query, none is taken
+        (an adapter calls it before every attempt, and a connection is a pool's checkout and return)."""
+        params, query = self.params(event), self._rows_query()
+        if query is None:
+            return []
+        async with engine.connect() as conn:
+            return await fetch_async(conn, query, params)
 
     def request(self, event: dict[str, Any], *, max_attempts: int = 5) -> ActionRequest:
         """The action's request for `event`, from the methods above."""

@@ -19,6 +19,9 @@ from outbox.errors import OutboxError
 EXTRAS = {
     "webhook": ("outbox.webhook", ("httpx", "standardwebhooks")),
     "nats": ("outbox.nats", ("nats",)),
+    "slack": ("outbox.slack", ("slack_sdk", "aiohttp")),
+    "github": ("outbox.github", ("githubkit", "hishel")),
+    "gitlab": ("outbox.gitlab", ("gitlab",)),
 }
 
 

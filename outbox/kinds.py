@@ -83,6 +83,9 @@ class ActionKind:
     EMAIL: ClassVar[ActionKind]
     WEBHOOK: ClassVar[ActionKind]
     NATS_EVENT: ClassVar[ActionKind]
+    SLACK_MESSAGE: ClassVar[ActionKind]
+    GITHUB_POST: ClassVar[ActionKind]
+    GITLAB_POST: ClassVar[ActionKind]
 
     def __str__(self) -> str:
         return self.name

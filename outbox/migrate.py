@@ -69,9 +69,9 @@ MIGRATIONS_DIR = _PACKAGED if _PACKAGED.is_dir() else Path(__file__).resolve().p
 
 # An earlier release kept its revision in `alembic_version`; these were its revision ids.
 _EARLIER_REVISIONS = ("0001", "0002", "0003")
-# The kinds outbox's own revisions declare (their rows of agent_action_kind, written by 0007 and 0011): only a
+# The kinds outbox's own revisions declare (their rows of agent_action_kind, written by 0007, 0011 and 0023): only a
 # revision removes them, so forget_kinds refuses them. A test kind or an application's is never among them.
-PRODUCTION_KINDS = frozenset({"EMAIL", "NATS_EVENT", "WEBHOOK"})
+PRODUCTION_KINDS = frozenset({"EMAIL", "NATS_EVENT", "WEBHOOK", "SLACK_MESSAGE", "GITHUB_POST", "GITLAB_POST"})
 
 
 DatabaseConnection = Connection | psycopg.Connection[Any]

@@ -163,3 +163,29 @@ def list_actions(
     statement = store_ops.list_actions(state=state is not None, kind=kind is not None, before=before_id is not None)
     actions = tuple(Action.from_row(row) for row in conn.execute(statement, params).mappings())
     return Page(actions, actions[-1].id if len(actions) == limit else None)
+
+
+@dataclass(frozen=True)
+class CellSummary:
+    """One cell's line of `outbox status --all-cells`."""
+
+    # due now, and due but waiting behind their lane's head
+    backlog: int
+    oldest_due_seconds: float | None
+    uncertain: int
+    # executors that beat within the exporter's silence window
+    executors: int
+    destinations_paused: int
+
+
+def cell_summary(conn: Connection) -> CellSummary:
+    """The figures an operator of several cells compares, from one database's `status`."""
+    report = status(conn)
+    silence = {"seconds": store_metrics.EXECUTOR_SILENCE_SECONDS}
+    return CellSummary(
+        backlog=report.due + report.waiting_for_lane,
+        oldest_due_seconds=report.oldest_due_seconds,
+        uncertain=sum(count.actions for count in report.uncertain),
+        executors=conn.execute(store_metrics.LIVE_EXECUTORS, silence).scalar_one(),
+        destinations_paused=sum(1 for held in report.held_destinations if held.state in ("paused", "broken")),
+    )

@@ -85,8 +85,7 @@ def sdk_configured() -> bool:
     refuses to replace it), so a yes is kept."""
     global _provider_set
     if not _provider_set:
-        from opentelemetry import trace
-
+        trace = _api()[1]  # asked at every attempt until a provider is set: no import statement each time
         _provider_set = not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
     return _provider_set
 
@@ -147,6 +146,11 @@ class AttemptSpan:
 
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, _: object) -> None:
         _leave(self._token, self._span, error)
+
+    @property
+    def recording(self) -> bool:
+        """Whether this span records: its closing attributes are worth making."""
+        return self._span is not None and self._span.is_recording()
 
     def finish(self, attributes: Mapping[str, AttributeValue | None], error: str | None) -> None:
         """The attempt's outcome on its span (None values left out); `error`: the span's status is an error

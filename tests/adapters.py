@@ -46,11 +46,12 @@ class ScriptedAdapter:
 
 
 class RecordingAdapter:
-    """Fences, works for a random 0-3 ms, confirms, and records [id, lane, start_ns, end_ns]."""
+    """Fences, works for a random 0-3 ms (or `work_seconds`), confirms, and records [id, lane, start_ns, end_ns]."""
 
-    def __init__(self, kind: ActionKind, record: list[list[object]]) -> None:
+    def __init__(self, kind: ActionKind, record: list[list[object]], work_seconds: float | None = None) -> None:
         self._kind = kind
         self._record = record
+        self._work_seconds = work_seconds
 
     @property
     def kind(self) -> ActionKind:
@@ -60,7 +61,9 @@ class RecordingAdapter:
         start = time.time_ns()
         window = await attempt.fence().begin_write()
         window.check()
-        await asyncio.sleep(random.random() * 0.003)  # the provider's work
+        await asyncio.sleep(
+            random.random() * 0.003 if self._work_seconds is None else self._work_seconds
+        )  # the provider's work
         self._record.append([attempt.action.id, attempt.action.lane_key, start, time.time_ns()])
         return Done(f"ref-{attempt.action.id}")
 
@@ -76,13 +79,15 @@ class _FileRecord(list[list[object]]):
 
 def recording_adapters(engine: AsyncEngine) -> list[ActionAdapter]:
     """The adapters of an executor process in the lanes test. OUTBOX_TEST_CLOCK_SKEW_SECONDS moves this
-    process's wall clock, to show that leases and due times never read it."""
+    process's wall clock, to show that leases and due times never read it; OUTBOX_TEST_WORK_SECONDS sets how
+    long the provider works on each attempt (a random 0-3 ms without it)."""
     skew = float(os.environ.get("OUTBOX_TEST_CLOCK_SKEW_SECONDS", "0"))
     if skew:
         real_time = time.time
         time.time = lambda: real_time() + skew
     record = _FileRecord(os.environ["OUTBOX_TEST_RECORD_FILE"])
-    return [RecordingAdapter(kinds.NOOP, record)]
+    work = os.environ.get("OUTBOX_TEST_WORK_SECONDS")
+    return [RecordingAdapter(kinds.NOOP, record, float(work) if work else None)]
 
 
 class UncertainAdapter:

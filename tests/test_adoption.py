@@ -22,7 +22,7 @@ from tests import kinds
 from tests.support import until
 
 ROOT = Path(__file__).resolve().parent.parent
-NO_DATABASE = "no database given: pass --database-url or set OUTBOX_DATABASE_URL"
+NO_DATABASE = "no database given: pass --database-url or set OUTBOX_DATABASE_URL (or --cell NAME)"
 
 
 def outbox_command(
@@ -253,7 +253,7 @@ def test_the_option_wins_over_the_variable(database_url: str, empty_database_url
 IMPORT_EVERYTHING = """
 import sys
 import outbox, outbox.cli, outbox.email, outbox.executor, outbox.metrics, outbox.testing
-import outbox.nats, outbox.webhook
+import outbox.github, outbox.gitlab, outbox.nats, outbox.slack, outbox.webhook
 import flows.drain, flows.purge
 from outbox.email.notice import _NOTICES
 from outbox.kinds import ActionKind
@@ -263,7 +263,9 @@ from outbox.webhook.events import _EVENTS as _WEBHOOK_EVENTS
 assert [getattr(outbox, name) for name in outbox.__all__]
 assert callable(outbox.enqueue), outbox.enqueue
 assert not _NOTICES and not _NATS_EVENTS and not _WEBHOOK_EVENTS and not _ENDPOINTS
-assert [kind.name for kind in ActionKind.all()] == ["EMAIL", "NATS_EVENT", "WEBHOOK"], ActionKind.all()
+assert [kind.name for kind in ActionKind.all()] == [
+    "EMAIL", "GITHUB_POST", "GITLAB_POST", "NATS_EVENT", "SLACK_MESSAGE", "WEBHOOK"
+], ActionKind.all()
 assert not [name for name in sys.modules if name.split(".")[0] in ("examples", "tests", "bench")]
 """
 

@@ -8,6 +8,11 @@ the test asserts Alerting for the firing scenario, Normal for the quiet one, and
 all (an exporter gone, a target lost), the state the rule's `noDataState` chose. The Prometheus rules are
 proven on the same scenarios by `promtool test rules` (tests/test_dashboards.py, tests/promtool/).
 
+Every alert keeps the `cell` label: in a third window of its own, the firing scenario's series belong to
+cell "us" and the quiet one's to cell "eu"; the Grafana rule and the Prometheus rule (`promtool test rules`
+on the same series) fire for "us" only, their summary naming it. The first two windows, without the label,
+prove the same rules still fire for a single database.
+
 The backlog alert is also proven on series the real collector read from a real database, minute by minute,
 while its clock moves on (every due time of the unended actions moved a minute back): one kind's lane waits
 out its head's backoff with due actions behind the head, another kind's head is due and nothing claims it.
@@ -18,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import re
 import shutil
 import subprocess
 from collections.abc import Callable, Iterator
@@ -67,6 +73,8 @@ SMTP_PAUSED = 'outbox_destination_paused{kind="EMAIL",destination="smtp"}'
 HOOK_PAUSED = 'outbox_destination_paused{kind="WEBHOOK",destination="webhook:billing"}'
 HOOK_BROKEN = 'outbox_destination_broken_seconds{kind="WEBHOOK",destination="webhook:billing"}'
 SMTP_BROKEN = 'outbox_destination_broken_seconds{kind="EMAIL",destination="smtp"}'
+SLACK_REFUSED = 'outbox_destination_credentials_refused{kind="SLACK_MESSAGE",destination="slack:acme"}'
+SMTP_REFUSED = 'outbox_destination_credentials_refused{kind="EMAIL",destination="smtp"}'
 SMTP_DUE_AGE = 'outbox_destination_oldest_due_age_seconds{kind="EMAIL",destination="smtp"}'
 NATS_DUE_AGE = 'outbox_destination_oldest_due_age_seconds{kind="NATS_EVENT",destination="nats"}'
 
@@ -129,6 +137,11 @@ SCENARIOS: dict[str, tuple[Scenario, Scenario]] = {
         {HOOK_BROKEN: lambda m: max(0.0, (m + 20) * 60.0), SMTP_BROKEN: constant(0)},
         {HOOK_BROKEN: lambda m: (m + 30) * 60.0 if -30 <= m <= -25 else 0.0, SMTP_BROKEN: constant(0)},
     ),
+    # refused from 5 minutes ago on; the quiet one was refused for 10 minutes, then mended
+    "OutboxDestinationCredentialsRefused": (
+        {SLACK_REFUSED: lambda m: 1.0 if m >= -5 else 0.0, SMTP_REFUSED: constant(0)},
+        {SLACK_REFUSED: lambda m: 1.0 if -40 <= m <= -30 else 0.0, SMTP_REFUSED: constant(0)},
+    ),
     "OutboxDestinationBacklog": (
         {SMTP_DUE_AGE: rising(60), NATS_DUE_AGE: constant(0)},
         {SMTP_DUE_AGE: constant(60), NATS_DUE_AGE: constant(0)},
@@ -147,9 +160,11 @@ NO_DATA = {
     "OutboxExpiredLeases": "Normal",
     "OutboxDestinationPaused": "Normal",
     "OutboxDestinationBroken": "Normal",
+    "OutboxDestinationCredentialsRefused": "Normal",
     "OutboxDestinationBacklog": "Normal",
 }
 EMPTY_AT = BASE  # no sample exists before the first window
+STOPPED_CELL, RUNNING_CELL = "us", "eu"
 
 
 def window_end(alert: str, firing: bool) -> int:
@@ -157,12 +172,31 @@ def window_end(alert: str, firing: bool) -> int:
     return BASE + (2 * index + (1 if firing else 2)) * WINDOW
 
 
+def cells_window_end(alert: str) -> int:
+    """The end of the alert's window of two cells, after every scenario's two windows without cells."""
+    return BASE + (2 * len(SCENARIOS) + list(SCENARIOS).index(alert) + 1) * WINDOW
+
+
+def in_cell(series: str, cell: str) -> str:
+    name, brace, matchers = series.partition("{")
+    return f'{name}{{cell="{cell}",{matchers}' if brace else f'{name}{{cell="{cell}"}}'
+
+
+def two_cells(alert: str) -> Scenario:
+    """The firing scenario's series in the stopped cell, beside the quiet scenario's in the running one."""
+    firing, quiet = SCENARIOS[alert]
+    return {
+        **{in_cell(series, STOPPED_CELL): value for series, value in firing.items()},
+        **{in_cell(series, RUNNING_CELL): value for series, value in quiet.items()},
+    }
+
+
 def openmetrics() -> str:
     """Every scenario's samples, in OpenMetrics text: one series' samples together and in time order."""
     samples: dict[str, list[tuple[int, float]]] = {}
     for alert, (firing, quiet) in SCENARIOS.items():
-        for scenario, is_firing in ((firing, True), (quiet, False)):
-            end = window_end(alert, is_firing)
+        windows = ((firing, window_end(alert, True)), (quiet, window_end(alert, False)))
+        for scenario, end in (*windows, (two_cells(alert), cells_window_end(alert))):
             for series, value in scenario.items():
                 offset = end if series.startswith("outbox_purge_last_success") else 0
                 samples.setdefault(series, []).extend((end + m * 60, offset + value(m)) for m in MINUTES)
@@ -219,8 +253,7 @@ def rules() -> dict[str, dict[str, Any]]:
 
 def run(rule: dict[str, Any], prometheus: str, end: int) -> str:
     """The rule's state at `end`, evaluated each minute from its `for` period and ten minutes more before."""
-    start = end - grafana_rules.duration_seconds(rule["for"]) - 600
-    return grafana_rules.verdict(grafana_rules.evaluate(rule, prometheus, range(start, end + 1, 60)))
+    return grafana_rules.verdict(run_states(rule, prometheus, end))
 
 
 def test_every_alert_has_a_firing_a_quiet_and_a_no_data_scenario() -> None:
@@ -233,6 +266,66 @@ def test_the_grafana_rule_fires_stays_quiet_and_handles_no_data(prometheus: str,
     assert run(rule, prometheus, window_end(alert, firing=True)) == "Alerting"
     assert run(rule, prometheus, window_end(alert, firing=False)) == "Normal"
     assert run(rule, prometheus, EMPTY_AT) == NO_DATA[alert]
+
+
+def test_with_two_cells_every_rule_fires_for_the_stopped_cell_only_naming_it(prometheus: str, tmp_path: Path) -> None:
+    """Each alert's Grafana rule, then its Prometheus rule in promtool on the same series: the stopped cell's
+    instances alert, the running cell's do not, and the summary names the stopped cell."""
+    prometheus_rules = {
+        r["alert"]: r for g in yaml.safe_load(build.PROMETHEUS_RULES_FILE.read_text())["groups"] for r in g["rules"]
+    }
+    cases = []
+    for alert in SCENARIOS:
+        states = run_states(rules()[alert], prometheus, cells_window_end(alert))
+        alerting = [dict(labels) for labels, state in states.items() if state == "Alerting"]
+        assert alerting, f"{alert} does not fire for the stopped cell: {states}"
+        assert {labels.get("cell") for labels in alerting} == {STOPPED_CELL}, f"{alert}: {states}"
+        rule = prometheus_rules[alert]
+        expected = []
+        for labels in alerting:
+            annotations = {name: render(text, labels) for name, text in rule["annotations"].items()}
+            assert annotations["summary"].startswith(f"Cell {STOPPED_CELL}: "), annotations
+            expected.append({"exp_labels": {**rule["labels"], **labels}, "exp_annotations": annotations})
+        end = len(MINUTES) - 1  # the window's last minute
+        cases.append(
+            {
+                "interval": "1m",
+                "input_series": [
+                    {
+                        "series": series,
+                        "values": " ".join(
+                            f"{value(m) + (end * 60 if series.startswith('outbox_purge_last_success') else 0):g}"
+                            for m in MINUTES
+                        ),
+                    }
+                    for series, value in two_cells(alert).items()
+                ],
+                "alert_rule_test": [{"eval_time": f"{end}m", "alertname": alert, "exp_alerts": expected}],
+            }
+        )
+    promtool = shutil.which("promtool")
+    assert promtool, "promtool is missing: .ci/run installs Debian's prometheus"
+    tests = {"rule_files": [str(build.PROMETHEUS_RULES_FILE)], "evaluation_interval": "1m", "tests": cases}
+    (tmp_path / "cells.test.yml").write_text(yaml.safe_dump(tests))
+    checked = subprocess.run(
+        [promtool, "test", "rules", str(tmp_path / "cells.test.yml")], capture_output=True, text=True
+    )
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+def run_states(rule: dict[str, Any], prometheus: str, end: int) -> dict[grafana_rules.Labels, str]:
+    """Each instance's state at `end`, evaluated each minute from the rule's `for` period and ten minutes more."""
+    start = end - grafana_rules.duration_seconds(rule["for"]) - 600
+    return grafana_rules.evaluate(rule, prometheus, range(start, end + 1, 60))
+
+
+def render(template: str, labels: dict[str, str]) -> str:
+    """An annotation as Prometheus renders it, for the two forms the rules use: `{{ $labels.x }}` and
+    `{{ if $labels.x }}...{{ end }}`."""
+    shown = re.sub(
+        r"\{\{ if \$labels\.(\w+) \}\}(.*?)\{\{ end \}\}", lambda m: m[2] if labels.get(m[1]) else "", template
+    )
+    return re.sub(r"\{\{ \$labels\.(\w+) \}\}", lambda m: labels.get(m[1], ""), shown)
 
 
 def test_a_condition_that_has_not_held_for_the_whole_period_is_pending(prometheus: str) -> None:
@@ -334,7 +427,7 @@ def promtool_case(recorded: dict[str, list[float]]) -> dict[str, Any]:
         for r in g["rules"]
         if r["alert"] == "OutboxBacklogStale"
     )
-    annotations = {k: v.replace("{{ $labels.kind }}", STUCK_KIND) for k, v in rule["annotations"].items()}
+    annotations = {k: render(v, {"kind": STUCK_KIND}) for k, v in rule["annotations"].items()}
     return {
         "rule_files": [str(build.PROMETHEUS_RULES_FILE)],
         "evaluation_interval": "1m",

@@ -21,8 +21,10 @@ from tests.test_chaos import (  # noqa: F401 (the invariants, collected here aga
     test_no_executor_exited_on_its_own,
     test_no_two_writes_overlapped_in_a_lane,
     test_nothing_was_lost,
+    test_posts_ran_and_ended,
     test_the_brink_late_write_was_seen,
     test_the_receiver_absorbed_webhooks_sent_again,
+    test_the_store_holds_each_marker_once,
     test_the_stream_holds_each_event_once,
     test_webhooks_and_events_ran_and_ended,
 )

@@ -55,7 +55,7 @@ def test_every_database_command_lists_the_database_options_in_its_help(
 ) -> None:
     monkeypatch.setenv("COLUMNS", "300")  # one line per option
     shown = ok(cli(*command.split(), "--help")).out
-    for option in ("--database-url", "--connect-timeout", "--statement-timeout"):
+    for option in ("--database-url", "--connect-timeout", "--statement-timeout", "--cell"):
         assert option in shown, (option, shown)
     assert "OUTBOX_DATABASE_URL" in shown and "OUTBOX_CONNECT_TIMEOUT_SECONDS" in shown
 

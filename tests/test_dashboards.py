@@ -7,8 +7,10 @@ every panel query of the committed dashboard returns data and the scraped counte
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -37,6 +39,8 @@ from tests.test_destinations_operator import pace_lowered
 from tests.test_reader_role import reader_login
 
 ROOT = Path(__file__).resolve().parent.parent
+# an outbox series selector and its matchers
+SELECTOR = re.compile(r"\b((?:action|outbox)_[a-z_]+)(\{[^}]*\})?")
 DASHBOARD = json.loads(build.DASHBOARD_FILE.read_text())
 
 
@@ -51,10 +55,22 @@ def test_the_committed_files_are_what_the_code_generates() -> None:
 
 def test_every_panel_has_a_unit_a_fixed_uid_and_the_template_variables() -> None:
     assert DASHBOARD["uid"] == "outbox-overview"
-    assert {v["name"] for v in DASHBOARD["templating"]["list"]} == {"datasource", "kind"}
+    assert {v["name"] for v in DASHBOARD["templating"]["list"]} == {"datasource", "cell", "kind"}
     for panel in panels():
         assert panel["fieldConfig"]["defaults"].get("unit"), f"panel {panel['title']!r} has no unit"
         assert panel["targets"], f"panel {panel['title']!r} has no query"
+
+
+def test_every_series_a_panel_selects_is_of_the_chosen_cells_all_by_default() -> None:
+    (cell,) = [v for v in DASHBOARD["templating"]["list"] if v["name"] == "cell"]
+    assert (cell["includeAll"], cell["allValue"], cell["current"]["value"]) == (True, ".*", "$__all")
+    selectors = 0
+    for panel in panels():
+        for target in panel["targets"]:
+            for name, matchers in SELECTOR.findall(target.get("expr", "")):
+                assert 'cell=~"$cell"' in matchers, f"panel {panel['title']!r}: {name} is not of $cell"
+                selectors += 1
+    assert selectors > 40
 
 
 def test_every_alert_fires_when_it_should_and_stays_silent_otherwise() -> None:
@@ -236,16 +252,24 @@ def exporter(database_url: str) -> Iterator[str]:
 
 @pytest.fixture
 def prometheus(exporter: str, tmp_path: Path) -> Iterator[str]:
+    with scraping(exporter, tmp_path) as url:
+        yield url
+
+
+@contextlib.contextmanager
+def scraping(exporter: str, home: Path, rules: Path = build.PROMETHEUS_RULES_FILE) -> Iterator[str]:
+    """A real Prometheus in `home` scraping `exporter` (its /metrics URL) every second, with the alert rules
+    (`rules`: the shipped ones unless given) loaded; its URL."""
     binary = shutil.which("prometheus")
     assert binary, "prometheus is missing: .ci/run installs Debian's prometheus"
     port = free_port()
     target = exporter.removeprefix("http://").removesuffix("/metrics")
-    config = tmp_path / "prometheus.yml"
+    config = home / "prometheus.yml"
     config.write_text(
         yaml.safe_dump(
             {
                 "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-                "rule_files": [str(build.PROMETHEUS_RULES_FILE)],
+                "rule_files": [str(rules)],
                 "scrape_configs": [{"job_name": "outbox", "static_configs": [{"targets": [target]}]}],
             }
         )
@@ -254,17 +278,19 @@ def prometheus(exporter: str, tmp_path: Path) -> Iterator[str]:
         [
             binary,
             f"--config.file={config}",
-            f"--storage.tsdb.path={tmp_path / 'data'}",
+            f"--storage.tsdb.path={home / 'data'}",
             f"--web.listen-address=127.0.0.1:{port}",
         ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
     url = f"http://127.0.0.1:{port}"
-    until(lambda: _answers(f"{url}/-/ready"), what="Prometheus to be ready")
-    yield url
-    process.terminate()
-    process.wait(30)
+    try:
+        until(lambda: _answers(f"{url}/-/ready"), what="Prometheus to be ready")
+        yield url
+    finally:
+        process.terminate()
+        process.wait(30)
 
 
 def _answers(url: str) -> bool:
@@ -336,7 +362,7 @@ async def test_every_panel_query_returns_data_from_a_real_prometheus(
         for target in panel["targets"]:
             if "expr" not in target:
                 continue  # the lane table reads PostgreSQL (test_the_lane_table_reads_as_the_read_only_role)
-            expr = target["expr"].replace("$kind", ".*").replace("$__rate_interval", "1m")
+            expr = target["expr"].replace("$kind", ".*").replace("$cell", ".*").replace("$__rate_interval", "1m")
             assert query(prometheus, expr), f"panel {panel['title']!r}: {expr} returned nothing"
 
     with engine.connect() as conn:

@@ -1,7 +1,8 @@
 """`outbox demo` itself, as the README's first command runs it: an embedded PostgreSQL, the SMTP sink, the
-Prefect server, deployments, the exporter and workers; a small workload; what a visitor reads of it, sent to
-a pipe: the lines while it works, the database it prints and the command that reads it, a summary whose
-figures add up against that database, and the logs the demo's processes wrote."""
+local Slack, GitHub and GitLab APIs, the Prefect server, deployments, the exporter and workers; a small
+workload; what a visitor reads of it, sent to a pipe: the lines while it works, the database it prints and the
+command that reads it, a summary whose figures add up against that database, the posts as the local APIs'
+stores (their journals) hold them and as `outbox show` gives them, and the logs the demo's processes wrote."""
 
 from __future__ import annotations
 
@@ -20,17 +21,24 @@ import urllib.parse
 import urllib.request
 from collections import Counter
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
+import psutil
 from sqlalchemy import text
 
 from demo.postgres import embedded_postgres_server, fresh_database
 from outbox.db import sync_engine
+from outbox.github import marker as github_marker
+from outbox.gitlab import marker as gitlab_marker
+from outbox.slack import message_marker
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKERS = 2
 ACTIONS = 60
 PROBE = 100
+# the alert's posts: a Slack message and its reply, a pull request's comment and a feedback issue, a GitLab note
+POSTS = 5
+POST_KINDS = ("SLACK_MESSAGE", "GITHUB_POST", "GITLAB_POST")
 # the border characters of rich's tables: a line starting with one is a line of a table
 TABLE_LINE = re.compile(r"^[┏┃┡│├└┌]")
 
@@ -105,8 +113,10 @@ def test_the_demo_prints_its_database_and_figures_that_add_up_against_it(tmp_pat
         lines.wait_for("--keep-running: the stack stays up", timeout=600)
         url = lines.text().partition("outbox's database: ")[2].partition("\n")[0]
         check_the_command_it_prints(lines.text(), url, env)
+        check_the_posts(lines.text(), url, env, data / "demo")
         check_the_figures_against_the_database(lines.text(), url)
         check_the_alert_rules(lines.text())
+        tokens = demo_tokens(demo.pid)
     finally:
         demo.send_signal(signal.SIGINT)  # Ctrl-C
         demo.wait(300)
@@ -148,6 +158,10 @@ def test_the_demo_prints_its_database_and_figures_that_add_up_against_it(tmp_pat
     assert {log.name for log in logs} >= {"prefect-server.log", "exporter.log", "worker-1.log", "log"}
     with_traceback = [log.name for log in logs if "Traceback" in log.read_text(errors="replace")]
     assert not with_traceback, with_traceback
+    # the tokens the demo made for its local APIs are in no line it printed and no log
+    for token in tokens:
+        assert token not in output
+        assert not [log.name for log in logs if token in log.read_text(errors="replace")], logs
     assert EARLIER_LOG_LINE not in (workdir / "worker-1.log").read_text()
     live_lines = [
         line for n in range(1, WORKERS + 1) for line in (workdir / f"worker-{n}.log").read_text().splitlines()
@@ -208,15 +222,16 @@ def check_the_figures_against_the_database(output: str, url: str) -> None:
             held = conn.execute(
                 text("SELECT kind, state, coalesce(stop_reason, ''), count(*) FROM agent_action GROUP BY 1, 2, 3")
             ).all()
-            # the backlog's ids come first, the probe's after: the database held nothing before this run
+            # the backlog's ids come first, the posts' and the probe's after: the database held nothing before
             by_part = conn.execute(
                 text("""
-                SELECT id > (SELECT min(id) + :backlog - 1 FROM agent_action) AS probe,
+                SELECT CASE WHEN id <= (SELECT min(id) + :backlog - 1 FROM agent_action) THEN 1
+                            WHEN kind = ANY (:posts) THEN 2 ELSE 3 END,
                        count(*),
                        count(*) FILTER (WHERE write_started_at IS NOT NULL AND attempt = 1),
                        count(*) FILTER (WHERE write_started_at IS NOT NULL AND attempt > 1)
                   FROM agent_action GROUP BY 1 ORDER BY 1"""),
-                {"backlog": ACTIONS},
+                {"backlog": ACTIONS, "posts": list(POST_KINDS)},
             ).all()
             drained = conn.execute(
                 text("""
@@ -231,8 +246,8 @@ def check_the_figures_against_the_database(output: str, url: str) -> None:
     for _, kind, state, reason, count in table:
         summed[(kind, state, reason)] += count
     assert {(kind, state, reason): n for kind, state, reason, n in held} == dict(summed), (held, table)
-    (_, backlog, backlog_first, backlog_later), (_, probe, probe_first, probe_later) = by_part
-    assert (backlog, probe) == (ACTIONS, PROBE), by_part
+    (_, backlog, backlog_first, backlog_later), (_, posts, _, _), (_, probe, probe_first, probe_later) = by_part
+    assert (backlog, posts, probe) == (ACTIONS, POSTS, PROBE), by_part
     rows = figure_rows(output)
 
     # the waits say over which actions they are measured, and why the others are not counted
@@ -263,6 +278,97 @@ def check_the_figures_against_the_database(output: str, url: str) -> None:
     assert events == ACTIONS // 3 and rows["events in the stream"] == [f"{events} ({events} distinct Nats-Msg-Id)"]
     servers = "Prefect UI, metrics, mailbox" + (", Prometheus" if shutil.which("prometheus") else "")
     assert rows["servers up (URLs below)"] == [servers], rows
+    assert rows["posts at the local APIs"] == ["Slack 2, GitHub 2, GitLab 1: 5 DONE"], rows
+
+
+def check_the_posts(output: str, url: str, env: dict[str, str], workdir: Path) -> None:
+    """Each post is DONE and stored once by its local API (read from the API's journal, found by its action's
+    marker), where the demo says: the reply in the thread of the first message, the comment on acme/web#42, the
+    issue in acme/feedback, the note on acme/shop!12; `outbox show` gives each one's channel and ts, or its
+    URL, and the summary's line for it says the same."""
+    engine = sync_engine(url)
+    try:
+        with engine.connect() as conn:
+            made = conn.execute(
+                text("SELECT id, kind, idempotency_key FROM agent_action WHERE kind = ANY (:kinds) ORDER BY id"),
+                {"kinds": list(POST_KINDS)},
+            ).all()
+    finally:
+        engine.dispose()
+    shown = {id_: show(id_, url, env) for id_, _, _ in made}
+    assert [action["state"] for action in shown.values()] == ["DONE"] * POSTS, shown
+    ids = {kind: [(id_, key) for id_, k, key in made if k == kind] for kind in POST_KINDS}
+    (message, message_key), (reply, reply_key) = ids["SLACK_MESSAGE"]
+    (comment, comment_key), (issue, issue_key) = ids["GITHUB_POST"]
+    [(note, note_key)] = ids["GITLAB_POST"]
+    lines = dict(
+        re.findall(r"^  (Slack message|Slack reply|PR comment|feedback issue|GitLab note) +(.*)$", output, re.M)
+    )
+
+    channels = json.loads((workdir / "slack.json").read_text())
+    assert list(channels) == ["C0ALERTS01"], channels
+    stored = {m["metadata"]["event_payload"]["key"]: m for m in channels["C0ALERTS01"]}
+    assert len(stored) == len(channels["C0ALERTS01"]) == 2, channels  # each message once
+    first, second = stored[message_marker(message_key)], stored[message_marker(reply_key)]
+    assert "thread_ts" not in first and second["thread_ts"] == first["ts"], channels
+    assert shown[message]["readback_ref"] == f"channel=C0ALERTS01 ts={first['ts']}", shown
+    assert shown[reply]["readback_ref"] == f"channel=C0ALERTS01 ts={second['ts']}", shown
+    assert lines["Slack message"] == f"action {message}, DONE: channel C0ALERTS01, ts {first['ts']}", lines
+    assert lines["Slack reply"] == (
+        f"action {reply}, DONE: channel C0ALERTS01, ts {second['ts']}, in the thread of {first['ts']}"
+    ), lines
+
+    github = [json.loads(line) for line in (workdir / "github.jsonl").read_text().splitlines()]
+    [on_pull] = [p for p in github if p["body"].endswith(github_marker(comment_key))]
+    [opened] = [p for p in github if p["body"].endswith(github_marker(issue_key))]
+    assert len(github) == 2 and (on_pull["kind"], on_pull["repo"], on_pull["number"]) == ("comment", "acme/web", 42)
+    assert (opened["kind"], opened["repo"]) == ("issue", "acme/feedback"), github
+    assert shown[comment]["readback_ref"] == f"https://github.com/acme/web/pull/42#issuecomment-{on_pull['id']}"
+    assert shown[issue]["readback_ref"] == f"https://github.com/acme/feedback/issues/{opened['number']}", shown
+    assert lines["PR comment"] == f"action {comment}, DONE: {shown[comment]['readback_ref']}", lines
+    assert lines["feedback issue"] == f"action {issue}, DONE: {shown[issue]['readback_ref']}", lines
+
+    [on_merge_request] = [json.loads(line) for line in (workdir / "gitlab.jsonl").read_text().splitlines()]
+    where = {name: on_merge_request[name] for name in ("kind", "project", "target", "iid", "markers")}
+    assert where == {
+        "kind": "notes",
+        "project": "acme/shop",
+        "target": "merge_requests",
+        "iid": "12",
+        "markers": [gitlab_marker(note_key)],
+    }, on_merge_request
+    made_note = on_merge_request["made"]["id"]
+    assert re.fullmatch(
+        rf"http://127\.0\.0\.1:\d+/acme/shop/-/merge_requests/12#note_{made_note}", shown[note]["readback_ref"]
+    ), shown[note]
+    assert lines["GitLab note"] == f"action {note}, DONE: note {made_note} on acme/shop!12", lines
+
+
+def show(action_id: int, url: str, env: dict[str, str]) -> dict[str, Any]:
+    """`outbox show ID --json` of the demo's database."""
+    done = subprocess.run(
+        [sys.executable, "-m", "outbox.cli", "show", str(action_id), "--json", "--database-url", url],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    found: dict[str, Any] = json.loads(done.stdout)
+    return found
+
+
+def demo_tokens(pid: int) -> list[str]:
+    """The tokens the running demo gave its local APIs, read from the environment of a process it started."""
+    names = ("OUTBOX_SLACK_TOKEN_ACME", "OUTBOX_GITHUB_TOKEN_ACME", "OUTBOX_GITLAB_TOKEN_MAIN")
+    for child in psutil.Process(pid).children(recursive=True):
+        try:
+            environment = child.environ()
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+        if all(name in environment for name in names):
+            return [environment[name] for name in names]
+    raise AssertionError("no process of the demo holds the tokens of its local APIs")
 
 
 def cells_of(line: str) -> list[str]:
@@ -278,7 +384,7 @@ def outcomes(output: str) -> list[tuple[str, str, str, str, int]]:
     return [
         (part, kind, state, reason, int(count.replace(",", "")))
         for part, kind, state, reason, count in (row for row in rows if len(row) == 5)
-        if part in ("backlog", "probe") and kind != "all"
+        if part in ("backlog", "posts", "probe") and kind != "all"
     ]
 
 

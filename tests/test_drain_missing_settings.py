@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from prefect.blocks.system import Secret
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
 from prefect.logging.handlers import APILogHandler
@@ -18,6 +19,8 @@ from prefect.testing.utilities import prefect_test_harness
 from sqlalchemy import Engine
 
 from flows.drain import drain
+from outbox.github import accounts as account_registry
+from outbox.github import register_account
 from outbox.webhook import endpoints as endpoint_registry
 from outbox.webhook import register_endpoint
 
@@ -82,3 +85,34 @@ async def test_a_run_without_outbox_nats_url_fails_in_one_line_naming_it(
     missing = "OUTBOX_NATS_URL is not set: give one or more nats:// URLs, comma separated"
     assert state.is_failed() and state.message == missing
     one_line_and_no_traceback(await final_logs(state.state_details.flow_run_id), missing)
+
+
+@pytest.fixture
+def no_github_accounts(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(account_registry, "_ACCOUNTS", {})
+    monkeypatch.setattr(account_registry, "_SOURCES", [])
+    for name in [name for name in os.environ if name.startswith("OUTBOX_GITHUB_")]:
+        monkeypatch.delenv(name)
+
+
+async def test_a_run_without_a_github_token_fails_in_one_line_naming_the_prefect_secret_block(
+    engine: Engine, outbox_env: None, no_github_accounts: None
+) -> None:
+    register_account("acme-bot")
+    state = await drain(max_seconds=30, adapters="outbox.github:github_adapters", return_state=True)
+    missing = (
+        "GitHub account acme-bot has no token: neither the code (register_account's token=),"
+        " OUTBOX_GITHUB_TOKEN_ACME_BOT nor the Prefect Secret block outbox-github-acme-bot holds one; put a token"
+        " with write access to issues and pulls in one of them"
+    )
+    assert state.is_failed() and state.message == missing
+    one_line_and_no_traceback(await final_logs(state.state_details.flow_run_id), missing)
+
+
+async def test_a_github_token_comes_from_its_prefect_secret_block(
+    engine: Engine, outbox_env: None, no_github_accounts: None
+) -> None:
+    register_account("acme-bot")
+    await Secret(value="ghs_" + "b" * 36).save("outbox-github-acme-bot", overwrite=True)
+    state = await drain(max_seconds=1, adapters="outbox.github:github_adapters", return_state=True)
+    assert state.is_completed(), state.message

@@ -6,7 +6,8 @@ update ends as the function alone would end it (Hypothesis, against the guard as
     the same row in both ─ the same UPDATE on both ─▶ the same refusal, or the same row
 
 The executor's claim, fence and results, through its own store on a connection that tracks PL/pgSQL calls,
-never enter guard_agent_action(); an operator's cancel and a stamp-less end still do.
+enter no trigger function (the results' statement tallies its ends and hands its lanes over itself); an
+operator's cancel and a stamp-less end still enter guard_agent_action() and after_agent_action_move().
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ SELECT pg_get_triggerdef(oid) FROM pg_trigger
  WHERE tgrelid = 'agent_action'::regclass AND tgname LIKE 'guard\\_agent\\_action%' ORDER BY tgname
 """)
 GUARD_CALLS = text("SELECT coalesce(pg_stat_get_xact_function_calls('guard_agent_action()'::regprocedure), 0)")
+MOVE_CALLS = text("SELECT coalesce(pg_stat_get_xact_function_calls('after_agent_action_move()'::regprocedure), 0)")
 
 
 @dataclass(frozen=True)
@@ -293,7 +295,7 @@ def updates(engine: Engine) -> int:
         )
 
 
-def test_the_executor_s_claims_fences_and_results_never_enter_the_guard_function(engine: Engine) -> None:
+def test_the_executor_s_claims_fences_and_results_enter_no_trigger_function(engine: Engine) -> None:
     with engine.begin() as conn:
         for i in range(6):
             outbox.enqueue(
@@ -327,10 +329,15 @@ def test_the_executor_s_claims_fences_and_results_never_enter_the_guard_function
             await store.close()
 
     written = asyncio.run(work())
-    # the store's session flushes its counts when it ends: the table's count and the UPDATE trigger's calls
+    # the store's session flushes its counts when it ends: the table's count and the functions it entered.
+    # The results' statement hands its lanes over itself (one call for the six lanes) and tallies its ends:
+    # no trigger function is entered by a claim, a fence or a result.
     until(lambda: updates(engine) == written, what="the store's session's counts")
-    until(lambda: function_calls(engine).get("after_agent_action_update", 0) >= 4, what="the UPDATE trigger's calls")
-    assert "guard_agent_action" not in function_calls(engine)
+    until(lambda: "hold_agent_lanes" in function_calls(engine), what="the results' hand-over")
+    assert function_calls(engine) == {"hold_agent_lanes": 1}
+    with engine.begin() as conn:
+        tallied = conn.execute(text("SELECT state, sum(n) FROM agent_action_ended_tally GROUP BY state")).all()
+        assert dict(tallied) == {"DONE": 1, "FAILED": 1, "UNCERTAIN": 1, "CANCELLED": 1}
     with engine.begin() as conn:
         rows = conn.execute(text("SELECT state, payload, ended_at, lease_expires_at FROM agent_action ORDER BY id"))
         for state, payload, ended_at, lease in rows:
@@ -349,6 +356,7 @@ def test_the_executor_s_claims_fences_and_results_never_enter_the_guard_function
         )
         outbox.cancel(conn, waiting.id)
         assert conn.execute(GUARD_CALLS).scalar_one() == 2
+        assert conn.execute(MOVE_CALLS).scalar_one() == 2  # their ends are tallied by the row trigger
         ended_at, payload = conn.execute(
             text("SELECT ended_at, payload FROM agent_action WHERE lane_key = 'lane-4'")
         ).one()

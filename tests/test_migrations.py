@@ -51,7 +51,7 @@ def test_upgrade_creates_the_store_and_downgrade_removes_all_of_it(empty_databas
         "table ix_agent_action_subject",
         "function guard_agent_action",
         "trigger guard_agent_action",
-        "trigger after_agent_action_update",
+        "trigger after_agent_action_move",
     } <= created
     with engine.begin() as conn:
         migrate.downgrade(conn)
@@ -352,4 +352,120 @@ def test_revision_0019_keeps_the_index_a_dba_built_concurrently_unless_the_build
         assert (kept == built) is (prebuilt == "valid")
         assert conn.execute(text("SELECT indisvalid FROM pg_index WHERE indexrelid = :oid"), {"oid": kept}).scalar()
         assert conn.execute(INDEX_DEF, name).scalar_one() == fresh
+    engine.dispose()
+
+
+ENDED_TALLY = text("SELECT kind, state, reason, sum(n)::int FROM agent_action_ended_tally GROUP BY 1, 2, 3 ORDER BY 2")
+MOVE_CALLS = text("SELECT coalesce(pg_stat_get_xact_function_calls('after_agent_action_move()'::regprocedure), 0)")
+
+
+def test_revision_0024_tallies_other_writers_ends_in_a_row_trigger_and_its_downgrade_gives_0023_back(
+    empty_database_url: str,
+) -> None:
+    """At 0024 a claim enters no trigger function; an end that plain SQL writes is tallied and passes its lane
+    to the next action, as at 0023, unless its transaction says it writes both itself (`outbox.own_ends`, as
+    the executor's result statement does). Down to 0023 gives back its functions and triggers exactly."""
+    from outbox.testing import install_kinds
+    from tests import kinds
+
+    engine = create_engine(empty_database_url)
+    with engine.begin() as conn:
+        migrate.upgrade(conn, "0023")
+        functions, triggers = conn.execute(FUNCTIONS).all(), conn.execute(TRIGGERS).all()
+        migrate.upgrade(conn, "0024")
+        install_kinds(conn, [kinds.NOOP])
+        for key, lane in [("a1", "a"), ("a2", "a"), ("b1", "b"), ("b2", "b")]:
+            conn.execute(
+                text(
+                    "INSERT INTO agent_action (kind, workspace_id, lane_key, idempotency_key, payload,"
+                    " max_attempts, state) VALUES ('TEST_NOOP', 1, :lane, :key, '{}', 3, 'ADMITTED')"
+                ),
+                {"key": key, "lane": lane},
+            )
+        conn.execute(text("SET LOCAL track_functions = 'pl'"))
+        conn.execute(
+            text(
+                "UPDATE agent_action SET state = 'EXECUTING', epoch = epoch + 1, attempt = attempt + 1,"
+                " lease_expires_at = now() + interval '5 minutes' WHERE idempotency_key IN ('a1', 'b1')"
+            )
+        )
+        assert conn.execute(MOVE_CALLS).scalar_one() == 0
+        conn.execute(
+            text("UPDATE agent_action SET state = 'DONE', stop_reason = 'CONFIRMED' WHERE idempotency_key = 'a1'")
+        )
+        assert conn.execute(MOVE_CALLS).scalar_one() == 1
+        assert conn.execute(HOLDERS).all() == [("a", "a2"), ("b", "b1")]
+        assert conn.execute(ENDED_TALLY).all() == [("TEST_NOOP", "DONE", "CONFIRMED", 1)]
+    with engine.begin() as conn:  # a transaction that writes its own ends' tally and hand-over
+        conn.execute(text("SELECT set_config('outbox.own_ends', 'written', true)"))
+        conn.execute(
+            text(
+                "UPDATE agent_action SET state = 'DONE', stop_reason = 'CONFIRMED', ended_at = now(),"
+                " payload = NULL, lease_expires_at = NULL, lane_head = false WHERE idempotency_key = 'b1'"
+            )
+        )
+        assert conn.execute(HOLDERS).all() == [("a", "a2")]
+        assert conn.execute(ENDED_TALLY).all() == [("TEST_NOOP", "DONE", "CONFIRMED", 1)]
+    with engine.begin() as conn:
+        migrate.downgrade(conn, "0023", force=True)
+        assert conn.execute(FUNCTIONS).all() == functions
+        assert conn.execute(TRIGGERS).all() == triggers
+        conn.execute(
+            text("UPDATE agent_action SET state = 'CANCELLED', stop_reason = 'NOT_WANTED' WHERE idempotency_key = 'b2'")
+        )
+        assert conn.execute(ENDED_TALLY).all() == [
+            ("TEST_NOOP", "CANCELLED", "NOT_WANTED", 1), ("TEST_NOOP", "DONE", "CONFIRMED", 1)
+        ]  # fmt: skip
+        migrate.upgrade(conn, "0024")  # and up again
+        assert conn.execute(HOLDERS).all() == [("a", "a2")]
+    engine.dispose()
+
+
+def test_revision_0026_leaves_executing_holders_to_their_own_index_and_its_downgrade_gives_0025_back(
+    empty_database_url: str,
+) -> None:
+    """0026 keeps every lane's holder; its holder index holds the waiting holders only, and an enqueue behind
+    an executing holder still finds it (through ux_agent_action_lane_executing) and takes no mark; the lane
+    passes on when it ends. Down to 0025 gives back its index, functions and triggers exactly."""
+    from outbox.testing import install_kinds
+    from tests import kinds
+
+    enqueue = text(
+        "INSERT INTO agent_action (kind, workspace_id, lane_key, idempotency_key, payload, max_attempts, state)"
+        " VALUES ('TEST_NOOP', 1, :lane, :key, '{}', 3, 'ADMITTED')"
+    )
+    holder_index = {"name": "ux_agent_action_lane_head"}
+    engine = create_engine(empty_database_url)
+    with engine.begin() as conn:
+        migrate.upgrade(conn, "0025")
+        earlier = conn.execute(FUNCTIONS).all(), conn.execute(TRIGGERS).all(), conn.execute(INDEX_DEF, holder_index)
+        functions, triggers, index = earlier[0], earlier[1], earlier[2].scalar_one()
+        install_kinds(conn, [kinds.NOOP])
+        for key, lane in [("a1", "a"), ("a2", "a"), ("b1", "b")]:
+            conn.execute(enqueue, {"key": key, "lane": lane})
+        conn.execute(
+            text(
+                "UPDATE agent_action SET state = 'EXECUTING', epoch = epoch + 1, attempt = attempt + 1,"
+                " lease_expires_at = now() + interval '5 minutes' WHERE idempotency_key = 'a1'"
+            )
+        )
+        migrate.upgrade(conn, "0026")
+        assert conn.execute(HOLDERS).all() == [("a", "a1"), ("b", "b1")]
+        assert (
+            conn.execute(INDEX_DEF, holder_index)
+            .scalar_one()
+            .endswith("(lane_key) WHERE (lane_head AND (state = ANY (ARRAY['PROPOSED'::text, 'ADMITTED'::text])))")
+        )
+        conn.execute(enqueue, {"key": "a3", "lane": "a"})
+        assert conn.execute(HOLDERS).all() == [("a", "a1"), ("b", "b1")]
+        conn.execute(
+            text("UPDATE agent_action SET state = 'DONE', stop_reason = 'CONFIRMED' WHERE idempotency_key = 'a1'")
+        )
+        assert conn.execute(HOLDERS).all() == [("a", "a2"), ("b", "b1")]
+        migrate.downgrade(conn, "0025", force=True)
+        assert conn.execute(FUNCTIONS).all() == functions
+        assert conn.execute(TRIGGERS).all() == triggers
+        assert conn.execute(INDEX_DEF, holder_index).scalar_one() == index
+        migrate.upgrade(conn, "0026")  # and up again
+        assert conn.execute(HOLDERS).all() == [("a", "a2"), ("b", "b1")]
     engine.dispose()

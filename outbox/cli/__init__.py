@@ -27,7 +27,7 @@ from typer.exceptions import TyperException
 
 from outbox.cli import changes, db, demo, destinations, metrics, nats, ops, prefect, run, worker
 from outbox.cli.help import WholeHelpGroup, help_width
-from outbox.cli.options import hide_passwords, printable, remember_passwords
+from outbox.cli.options import chosen_cell, forget_chosen_cell, hide_passwords, printable, remember_passwords
 from outbox.errors import OutboxError
 from outbox.log_records import hide_secrets_in_logs
 
@@ -79,7 +79,8 @@ def _failure(error: Exception) -> tuple[int, str] | None:
 
 
 def _report(code: int, message: str) -> NoReturn:
-    message = hide_passwords(message)
+    cell = chosen_cell()
+    message = hide_passwords(f"cell {cell}: {message}" if cell and message else message)
     if "--json" in sys.argv[1:]:
         typer.echo(json.dumps({"error": message, "exit_code": code}, ensure_ascii=True), err=True)
     elif message:  # empty after `outbox` alone: typer printed the help
@@ -89,6 +90,7 @@ def _report(code: int, message: str) -> NoReturn:
 
 def main() -> None:
     remember_passwords(sys.argv[1:], os.environ)
+    forget_chosen_cell()
     hide_secrets_in_logs()
     try:
         code = app(standalone_mode=False)  # usage errors come here instead of as typer's boxed report

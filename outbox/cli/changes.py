@@ -15,6 +15,7 @@ from outbox.cli.options import (
     ID_ARGUMENT,
     JSON_OPTION,
     MAX_BIGINT,
+    AllCells,
     Database,
     database_options,
     duration,
@@ -74,16 +75,20 @@ def cancel(
     _decide("cancel", action_id, json_output, db)
 
 
-@database_options()
+@database_options(all_cells=True)
 def erase_account(
     account_id: int = typer.Argument(..., metavar="ACCOUNT_ID", min=1, max=MAX_BIGINT, help="The erased account's id."),
     json_output: bool = JSON_OPTION,
     *,
-    db: Database,
+    db: Database | AllCells,
 ) -> None:
-    """Delete every action whose subject is the account, in every state; a write past its fence still happens."""
+    """Delete every action whose subject is the account, in every state; a write past its fence still happens.
+    With --all-cells: in every cell (the one that holds the account erases its actions)."""
     import outbox
     from outbox.cli.common import connect, out, print_json
+
+    if isinstance(db, AllCells):
+        return _erase_in_all_cells(account_id, db, json_output)
 
     with connect(db) as conn:
         erased = outbox.erase_account(conn, account_id)
@@ -91,6 +96,24 @@ def erase_account(
         print_json({"account_id": account_id, "erased": erased})
     else:
         out.print(f"erased {erased:,} actions of account {account_id}")
+
+
+def _erase_in_all_cells(account_id: int, cells: AllCells, json_output: bool) -> None:
+    from outbox.cli.all_cells import CellsFailed, erase_everywhere
+    from outbox.cli.common import out, print_json
+
+    lines = erase_everywhere(account_id, cells.connect_timeout, cells.statement_timeout)
+    if json_output:
+        print_json({"account_id": account_id, "cells": lines})
+    else:
+        for line in lines:
+            done = f"erased {line.erased:,} actions of account {account_id}" if line.erased is not None else ""
+            out.print(f"cell {line.cell}: {done or 'not erased: ' + printable(line.fault)}")
+    failed = [line.cell for line in lines if line.fault]
+    if failed:
+        raise CellsFailed(
+            f"account {account_id} is not erased in {', '.join(failed)}: run the erasure again once they answer"
+        )
 
 
 @database_options()

@@ -15,6 +15,7 @@ import typer
 
 from outbox.cli.options import (
     MIGRATION_STATEMENT_TIMEOUT_OPTION,
+    AllCells,
     Database,
     NoDatabase,
     database_options,
@@ -42,14 +43,15 @@ def _revision(value: str, *, span: bool = False) -> str:
 
 
 @app.command()
-@database_options(statement_timeout=MIGRATION_STATEMENT_TIMEOUT_OPTION, optional=True)
+@database_options(statement_timeout=MIGRATION_STATEMENT_TIMEOUT_OPTION, optional=True, all_cells=True)
 def upgrade(
     revision: str = typer.Argument("head", help="Target revision; with --sql also FROM:TO."),
     sql: bool = typer.Option(False, "--sql", help="Print the SQL for a DBA to apply; connect to no database."),
     *,
-    db: Database | None,
+    db: Database | AllCells | None,
 ) -> None:
-    """Create or update the outbox tables, constraints and triggers (one transaction)."""
+    """Create or update the outbox tables, constraints and triggers (one transaction). With --all-cells: cell
+    by cell in the cells file's order, stopping at the first that fails."""
     if sql:
         from outbox import migrate
 
@@ -58,6 +60,8 @@ def upgrade(
     if db is None:
         raise NoDatabase()
     revision = _revision(revision)
+    if isinstance(db, AllCells):
+        return _upgrade_all_cells(db, revision)
     from outbox import migrate
     from outbox.cli.common import engine
 
@@ -69,6 +73,27 @@ def upgrade(
     finally:
         migrating.dispose()
     _stderr(f"outbox schema at revision {printable(now)}")
+
+
+def _upgrade_all_cells(cells: AllCells, revision: str) -> None:
+    """One line per cell: upgraded (to, from), failed (why), or not reached (its revision); exit 1 on a
+    failure, after the lines."""
+    from outbox.cli.all_cells import CellsFailed, upgrade_all
+
+    lines = upgrade_all(revision, cells.connect_timeout, cells.statement_timeout)
+    failed = next((line for line in lines if line.fault is not None), None)
+    for line in lines:
+        before, after = printable(line.before or "none"), printable(line.after or "none")
+        if line.upgraded:
+            _stderr(f"cell {line.cell}: outbox schema at revision {after} (was {before})")
+        elif line is failed:
+            _stderr(f"cell {line.cell}: the upgrade failed at revision {before}: {printable(line.fault)}")
+        elif line.fault is not None:
+            _stderr(f"cell {line.cell}: not upgraded; its revision cannot be read: {printable(line.fault)}")
+        else:
+            _stderr(f"cell {line.cell}: not upgraded, at revision {after}")
+    if failed is not None:
+        raise CellsFailed(f"the upgrade stopped at cell {failed.cell}; the cells after it were not upgraded")
 
 
 @app.command()

@@ -76,7 +76,8 @@ def destinations(
 
 
 def state_text(d: Destination) -> str:
-    """open; paced; paused until <UTC time> (or until resumed) by <who>: <reason>; broken since <UTC time>."""
+    """open; paced; paused until <UTC time> (or until resumed) by <who>: <reason>; broken since <UTC time>;
+    credentials refused since <UTC time>: <what the provider answered>."""
     from outbox.cli.common import utc
 
     parts = []
@@ -84,7 +85,9 @@ def state_text(d: Destination) -> str:
         until = "until resumed" if d.until_resumed or d.paused_until is None else f"until {utc(d.paused_until)} UTC"
         reason = f": {d.pause_reason}" if d.pause_reason else ""
         parts.append(f"paused {until} by {d.paused_by}{reason}")
-    if d.broken_since is not None:
+    if d.credentials_refused_at is not None:
+        parts.append(f"credentials refused since {utc(d.credentials_refused_at)} UTC: {d.credentials_reason}")
+    elif d.broken_since is not None:
         parts.append(f"broken since {utc(d.broken_since)} UTC")
     if d.state == "paced":
         parts.append("paced")

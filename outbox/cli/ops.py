@@ -16,6 +16,7 @@ from outbox.cli.options import (
     ID_ARGUMENT,
     JSON_OPTION,
     MAX_BIGINT,
+    AllCells,
     Database,
     database_options,
     duration,
@@ -28,20 +29,22 @@ if TYPE_CHECKING:
     from outbox.action import Action
 
 
-@database_options()
+@database_options(all_cells=True)
 def status(
     json_output: bool = JSON_OPTION,
     *,
-    db: Database,
+    db: Database | AllCells,
 ) -> None:
     """Unended actions by state and kind, the oldest due action, lanes, leases, the destinations paused,
-    broken or paced, UNCERTAIN in the last 24 h."""
+    broken or paced, UNCERTAIN in the last 24 h. With --all-cells: one line per cell."""
     from rich.table import Table
 
     from outbox import ops
     from outbox.cli.common import connect, format_age, out, print_json, print_table
     from outbox.cli.destinations import state_text
 
+    if isinstance(db, AllCells):
+        return _all_cells_status(db, json_output)
     with connect(db, read_only=True) as conn:
         report = ops.status(conn)
     if json_output:
@@ -82,6 +85,40 @@ def status(
     for recent in report.uncertain:
         table.add_row(printable(recent.kind), printable(recent.stop_reason), f"{recent.actions:,}")
     print_table(table)
+
+
+def _all_cells_status(cells: AllCells, json_output: bool) -> None:
+    """`status --all-cells`: one line per cell; exit 1 after the lines when a cell could not be read."""
+    from rich.table import Table
+
+    from outbox.cli.all_cells import CellsFailed, summaries
+    from outbox.cli.common import format_age, print_json, print_table
+
+    lines = summaries(cells.connect_timeout, cells.statement_timeout)
+    if json_output:
+        print_json(lines)
+    else:
+        table = Table(title="cells")
+        columns = ("cell", "revision", "backlog", "oldest due", "UNCERTAIN 24 h", "executors", "paused", "fault")
+        for column in columns:
+            figure = column in ("backlog", "UNCERTAIN 24 h", "executors", "paused")
+            table.add_column(column, justify="right" if figure else "left")
+        for line in lines:
+            s = line.summary
+            table.add_row(
+                printable(line.cell),
+                printable(line.revision or "-"),
+                f"{s.backlog:,}" if s else "-",
+                format_age(s.oldest_due_seconds) if s else "-",
+                f"{s.uncertain:,}" if s else "-",
+                f"{s.executors:,}" if s else "-",
+                f"{s.destinations_paused:,}" if s else "-",
+                printable(line.fault or ""),
+            )
+        print_table(table)
+    failed = [line.cell for line in lines if line.fault]
+    if failed:
+        raise CellsFailed(f"{len(failed)} of {len(lines)} cells could not be read: {', '.join(failed)}")
 
 
 @database_options()

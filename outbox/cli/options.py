@@ -22,7 +22,7 @@ import functools
 import inspect
 import math
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -86,13 +86,37 @@ MIGRATION_STATEMENT_TIMEOUT_OPTION = typer.Option(
     callback=finite,
     help="Cancel a statement of the migration that runs longer than this many seconds (0: no limit).",
 )
+CELL_OPTION = typer.Option(
+    None,
+    "--cell",
+    envvar="OUTBOX_CELL",
+    show_envvar=True,
+    help="The cell whose database to use, named in the cells file (OUTBOX_CELLS_FILE); not with --database-url.",
+)
+ALL_CELLS_OPTION = typer.Option(
+    False, "--all-cells", help="Every cell of the cells file (OUTBOX_CELLS_FILE), one by one; not with --cell."
+)
 JSON_OPTION = typer.Option(False, "--json", help="Print JSON for scripts instead of tables.")
 ID_ARGUMENT = typer.Argument(..., metavar="ID", min=1, max=MAX_BIGINT, help="The action's id.")
 
 
 class NoDatabase(OutboxError):
     def __init__(self) -> None:
-        super().__init__("no database given: pass --database-url or set OUTBOX_DATABASE_URL")
+        super().__init__("no database given: pass --database-url or set OUTBOX_DATABASE_URL (or --cell NAME)")
+
+
+class AllCellsAndOne(OutboxError):
+    def __init__(self) -> None:
+        super().__init__(
+            "--all-cells and --cell or --database-url (or OUTBOX_DATABASE_URL) both name databases: give one"
+        )
+
+
+class TwoDatabases(OutboxError):
+    def __init__(self, cell: str) -> None:
+        super().__init__(
+            f"--cell {cell} and --database-url (or OUTBOX_DATABASE_URL) both name a database: give one of them"
+        )
 
 
 def required(database_url: str | None) -> str:
@@ -110,39 +134,111 @@ class Database:
     connect_timeout: int
     # seconds; None: no limit
     statement_timeout: float | None
+    # the cell it is, when the operator named one (`--cell`)
+    cell: str | None = None
 
 
-def database(database_url: str | None, connect_timeout: int, statement_timeout: float) -> Database:
-    return Database(required(database_url), connect_timeout, statement_timeout or None)
+def database(
+    database_url: str | None, connect_timeout: int, statement_timeout: float, cell: str | None = None
+) -> Database:
+    """The database the operator named: by its URL, or by its cell's name in the cells file, never both."""
+    if cell is None:
+        return Database(required(database_url), connect_timeout, statement_timeout or None)
+    if database_url and database_url.strip():
+        raise TwoDatabases(cell)
+    _chosen_cell[:] = [cell]
+    return Database(cell_url(cell), connect_timeout, statement_timeout or None, cell)
+
+
+# the cell a command was given (`--cell`): its error line names it
+_chosen_cell: list[str] = []
+
+
+def chosen_cell() -> str | None:
+    return _chosen_cell[0] if _chosen_cell else None
+
+
+def forget_chosen_cell() -> None:
+    """A new command line: no cell chosen yet."""
+    _chosen_cell.clear()
+
+
+def cell_url(name: str) -> str:
+    """The database URL of cell `name` (every cell's URL read and checked first); its password is
+    remembered, so no line printed shows it."""
+    from outbox.cells import load_cells
+
+    url = load_cells().url(name)
+    remember_cell_passwords([url])
+    return url
+
+
+def remember_cell_passwords(urls: Iterable[str]) -> None:
+    """Note the passwords of cells' database URLs, so no line printed shows them."""
+    for url in urls:
+        _secrets.update(passwords_in(url))
 
 
 _Command = Callable[..., None]
 
 
+@dataclass(frozen=True)
+class AllCells:
+    """Every cell of the cells file (`--all-cells`), and how long the command waits for each."""
+
+    connect_timeout: int
+    # seconds; None: no limit
+    statement_timeout: float | None
+
+
 def database_options(
-    *, statement_timeout: Any = STATEMENT_TIMEOUT_OPTION, optional: bool = False
+    *, statement_timeout: Any = STATEMENT_TIMEOUT_OPTION, optional: bool = False, all_cells: bool = False
 ) -> Callable[[_Command], _Command]:
     """A decorator that gives a command the database options, declared here once: --database-url,
-    --connect-timeout and `statement_timeout` (--statement-timeout, the migrations' own by their choice),
-    after the command's own options in its --help. The command takes them as one parameter, `db: Database`,
-    built (and the URL required) before its body runs; with `optional`, `db` is None when no URL was given,
-    for a command that may run without a database (`db upgrade --sql`)."""
+    --connect-timeout, `statement_timeout` (--statement-timeout, the migrations' own by their choice) and
+    --cell (a database named by its cell, `outbox.cells`), after the command's own options in its --help.
+    The command takes them as one parameter, `db: Database`, built (and the URL required) before its body
+    runs; with `optional`, `db` is None when no URL was given, for a command that may run without a database
+    (`db upgrade --sql`); with `all_cells`, the command takes --all-cells too, and `db` is then `AllCells`."""
     shared = [
         inspect.Parameter("database_url", inspect.Parameter.KEYWORD_ONLY, default=DATABASE_URL_OPTION),
         inspect.Parameter("connect_timeout", inspect.Parameter.KEYWORD_ONLY, default=CONNECT_TIMEOUT_OPTION),
         inspect.Parameter("statement_timeout", inspect.Parameter.KEYWORD_ONLY, default=statement_timeout),
+        inspect.Parameter("cell", inspect.Parameter.KEYWORD_ONLY, default=CELL_OPTION),
     ]
-    types = {"database_url": str | None, "connect_timeout": int, "statement_timeout": float}
+    if all_cells:
+        shared.append(inspect.Parameter("all_cells", inspect.Parameter.KEYWORD_ONLY, default=ALL_CELLS_OPTION))
+    types = {
+        "database_url": str | None,
+        "connect_timeout": int,
+        "statement_timeout": float,
+        "cell": str | None,
+        "all_cells": bool,
+    }
 
     def decorate(command: _Command) -> _Command:
         own = [p for p in inspect.signature(command, eval_str=True).parameters.values() if p.name != "db"]
 
         @functools.wraps(command)
         def with_database(
-            *args: Any, database_url: str | None, connect_timeout: int, statement_timeout: float, **kwargs: Any
+            *args: Any,
+            database_url: str | None,
+            connect_timeout: int,
+            statement_timeout: float,
+            cell: str | None,
+            all_cells: bool = False,
+            **kwargs: Any,
         ) -> None:
-            given = not optional or bool(database_url and database_url.strip())
-            db = database(database_url, connect_timeout, statement_timeout) if given else None
+            url_given = bool(database_url and database_url.strip())
+            db: Database | AllCells | None
+            if all_cells:
+                if url_given or cell is not None:
+                    raise AllCellsAndOne()
+                db = AllCells(connect_timeout, statement_timeout or None)
+            elif not optional or url_given or cell is not None:
+                db = database(database_url, connect_timeout, statement_timeout, cell)
+            else:
+                db = None
             command(*args, db=db, **kwargs)
 
         parameters = own + [p.replace(annotation=types[p.name]) for p in shared]

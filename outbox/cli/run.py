@@ -1,7 +1,20 @@
-"""`outbox run`: one executor process. SIGTERM or SIGINT stops it the way the executor stops."""
+"""`outbox run`: one executor process. SIGTERM or SIGINT stops it the way the executor stops.
+
+outbox run [--cell NAME]  ─▶ one executor on one database (a cell's: its start line names the cell)
+outbox run --all-cells    ─▶ every cell of the cells file (outbox.cells), each URL read and checked first
+    one event loop, per cell: its own engine, adapters (the factory called with that engine) and executor
+    (concurrency as given, per cell), side by side
+    a cell's database down or not ready (no schema, a kind not declared) at start ─▶ that cell asks again
+        every CELL_ASK_SECONDS, one warning per new reason, until it answers or the process stops; later
+        outages are the executor's own (it rides them out, as a single executor does a restart)
+    every log line of a cell's executor begins `cell NAME:`
+    SIGTERM or SIGINT ─▶ every executor stops the outbox way ─▶ one summary table, a row per cell
+"""
 
 from __future__ import annotations
 
+import logging
+from contextvars import ContextVar
 from typing import TYPE_CHECKING
 
 import typer
@@ -9,6 +22,7 @@ import typer
 from outbox.cli.options import (
     MAX_BIGINT,
     MAX_SECONDS,
+    AllCells,
     Database,
     database_options,
     finite,
@@ -22,21 +36,25 @@ from outbox.limits import MAX_PAGE
 MAX_CONCURRENCY = 10_000
 # a claim's lease: more than the 60 s write window, at most a day
 MAX_LEASE_SECONDS = 86_400
+# how often a cell of `--all-cells` whose database is not ready asks again
+CELL_ASK_SECONDS = 2.0
 # how long an executor starting while its database ends every session (a restart, a failover, a pooler
 # refusing logins for its server_login_retry of 15 s) asks again before it exits 1
 START_ASK_SECONDS = 60.0
 
 if TYPE_CHECKING:
+    import asyncio
     from collections.abc import Awaitable, Callable
 
     from rich.table import Table
+    from sqlalchemy.ext.asyncio import AsyncEngine
 
-    from outbox.executor import ExecutorConfig
-    from outbox.executor.adapter import AdapterFactory
+    from outbox.executor import Executor, ExecutorConfig
+    from outbox.executor.adapter import ActionAdapter, AdapterFactory
     from outbox.executor.outcomes import Outcomes
 
 
-@database_options()
+@database_options(all_cells=True)
 def run(
     adapters: str = typer.Option(
         "outbox.email:email_adapters",
@@ -75,14 +93,19 @@ def run(
         help="URL to LISTEN on for new actions when --database-url goes through a pooler in transaction mode:"
         " a direct connection, or the pooler in session mode (unset there: poll every second).",
     ),
-    max_actions: int | None = typer.Option(None, min=1, max=MAX_BIGINT, help="Stop after claiming this many actions."),
+    max_actions: int | None = typer.Option(
+        None, min=1, max=MAX_BIGINT, help="Stop after claiming this many actions (with --all-cells: per cell)."
+    ),
     max_seconds: float | None = typer.Option(
         None, min=0, max=MAX_SECONDS, callback=finite, help="Stop claiming after this many seconds."
     ),
     *,
-    db: Database,
+    db: Database | AllCells,
 ) -> None:
-    """Run one executor until SIGTERM (or a budget), then print what it did."""
+    """Run one executor until SIGTERM (or a budget), then print what it did.
+
+    With --all-cells, one executor per cell of the cells file in this one process, each with --concurrency of
+    its own."""
     import asyncio
 
     from outbox.cli.common import err, log_to_stderr, migrated_engine
@@ -98,6 +121,19 @@ def run(
         concurrency=concurrency, claim_batch=claim_batch, lease_seconds=lease_seconds, break_seconds=break_seconds
     )
     factory = load_adapters(adapters)
+    if not isinstance(db, Database):
+        if listen_database_url:
+            raise ValueError(
+                "--listen-database-url names one database: with --all-cells each executor listens on its own"
+                " cell's URL (a cell behind a pooler in transaction mode polls)"
+            )
+        from outbox.cli.all_cells import cell_databases
+
+        _, databases = cell_databases(db.connect_timeout, db.statement_timeout)
+        log_to_stderr()
+        each = asyncio.run(_run_cells(databases, factory, config, max_actions, max_seconds))
+        err.print(summary_table(*each.items()))
+        return
     log_to_stderr()
     migrated_engine(db, ask_seconds=START_ASK_SECONDS).dispose()
     try:
@@ -106,7 +142,7 @@ def run(
         for line in refused.lines:
             typer.echo(f"error: {printable(line)}", err=True)
         raise typer.Exit(1) from None
-    err.print(summary_table(outcomes))
+    err.print(summary_table((db.cell, outcomes)))
 
 
 async def _run(
@@ -123,21 +159,22 @@ async def _run(
 
     from outbox.db import async_engine, shown_database
     from outbox.executor import Executor
-    from outbox.executor.config import start_line
+    from outbox.executor.config import ENGINE_POOL_SIZE, start_line
     from outbox.kind_rows import require_declared
 
     engine = async_engine(
         db.url,
         connect_timeout=db.connect_timeout,
         statement_timeout=db.statement_timeout,
-        pool_size=4,
-        max_overflow=4,
+        pool_size=ENGINE_POOL_SIZE,
+        max_overflow=0,
     )
     try:
         adapters = list(factory(engine))
         executor = Executor(engine, adapters, config, listen_url=listen_url)
         await _asking_again(lambda: require_declared(engine, (adapter.kind for adapter in adapters)))
-        logging.getLogger("outbox.run").info("%s", start_line(executor.kinds, shown_database(db.url), config))
+        line = start_line(executor.kinds, shown_database(db.url), config)
+        logging.getLogger("outbox.run").info("%s%s", f"cell {db.cell}: " if db.cell else "", line)
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, executor.stop)
@@ -167,12 +204,143 @@ async def _asking_again(check: Callable[[], Awaitable[None]]) -> None:
             await asyncio.sleep(0.5)
 
 
-def summary_table(outcomes: Outcomes) -> Table:
+async def _run_cells(
+    databases: dict[str, Database],
+    factory: AdapterFactory,
+    config: ExecutorConfig,
+    max_actions: int | None,
+    max_seconds: float | None,
+) -> dict[str, Outcomes]:
+    """One executor per cell, side by side in this loop, until SIGTERM or SIGINT (or each one's budget)."""
+    import asyncio
+    import logging
+    import signal
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(_name_the_cell)
+    deadline = None if max_seconds is None else loop.time() + max_seconds
+    served = [_serve_cell(name, db, factory, config, max_actions, deadline, stop) for name, db in databases.items()]
+    return dict(zip(databases, await asyncio.gather(*served), strict=True))
+
+
+async def _serve_cell(
+    name: str,
+    db: Database,
+    factory: AdapterFactory,
+    config: ExecutorConfig,
+    max_actions: int | None,
+    deadline: float | None,
+    stop: asyncio.Event,
+) -> Outcomes:
+    """Cell `name`'s executor: once its database is ready, until `stop` is set or its budget is spent. Its
+    task (and every task it starts) names the cell in its log lines."""
+    import asyncio
+    import contextlib
+    import logging
+
+    from outbox.db import async_engine, shown_database
+    from outbox.executor import Executor
+    from outbox.executor.config import ENGINE_POOL_SIZE, start_line
+
+    _CELL.set(name)
+    engine = async_engine(
+        db.url,
+        connect_timeout=db.connect_timeout,
+        statement_timeout=db.statement_timeout,
+        pool_size=ENGINE_POOL_SIZE,
+        max_overflow=0,
+    )
+    try:
+        adapters = list(factory(engine))
+        executor = Executor(engine, adapters, config)
+        if not await _until_ready(engine, adapters, stop, deadline):
+            return executor.outcomes
+        logging.getLogger("outbox.run").info("%s", start_line(executor.kinds, shown_database(db.url), config))
+        loop = asyncio.get_running_loop()
+        left = None if deadline is None else max(0.0, deadline - loop.time())
+        stopping = asyncio.create_task(_stop_when(stop, executor))
+        try:
+            return await executor.run(max_actions=max_actions, max_seconds=left)
+        finally:
+            stopping.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await stopping
+    finally:
+        await engine.dispose()
+
+
+async def _stop_when(stop: asyncio.Event, executor: Executor) -> None:
+    await stop.wait()
+    executor.stop()
+
+
+async def _until_ready(
+    engine: AsyncEngine, adapters: list[ActionAdapter], stop: asyncio.Event, deadline: float | None
+) -> bool:
+    """Wait until the cell's database holds the schema and declares the adapters' kinds, asking again every
+    CELL_ASK_SECONDS (one warning per new reason); False when stopped (or out of time) before."""
+    import asyncio
+    import contextlib
+    import logging
+
+    from sqlalchemy.exc import DBAPIError
+
+    from outbox.cli.all_cells import fault_line
+    from outbox.cli.common import require_schema
+    from outbox.errors import OutboxError
+    from outbox.kind_rows import KindsNotDeclared, require_declared
+
+    said = None
+    loop = asyncio.get_running_loop()
+    while not stop.is_set() and (deadline is None or loop.time() < deadline):
+        try:
+            async with engine.connect() as conn:
+                await conn.run_sync(require_schema)
+            await require_declared(engine, (adapter.kind for adapter in adapters))
+            return True
+        except KindsNotDeclared as refused:
+            reason = "; ".join(refused.lines)
+        except (DBAPIError, OutboxError, OSError) as error:
+            reason = fault_line(error)
+        if reason != said:
+            logging.getLogger("outbox.run").warning(
+                "not ready (%s): asking again every %g s, the other cells drain meanwhile", reason, CELL_ASK_SECONDS
+            )
+            said = reason
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), CELL_ASK_SECONDS)
+    return False
+
+
+# the cell whose executor the running task serves (`--all-cells`): its log lines name it
+_CELL: ContextVar[str | None] = ContextVar("outbox_run_cell", default=None)
+
+
+def _name_the_cell(record: logging.LogRecord) -> bool:
+    """A logging filter: a record made in a cell's task begins `cell NAME: ` (once)."""
+    cell = _CELL.get()
+    if cell is not None and not getattr(record, "outbox_cell", None):
+        record.outbox_cell = cell
+        record.msg = f"cell {cell}: {record.msg}"
+    return True
+
+
+def summary_table(*runs: tuple[str | None, Outcomes]) -> Table:
+    """The attempts of each executor by kind, result and recorded; a cell column when a cell was named."""
     from rich.table import Table
 
     table = Table(title="attempts")
-    for column in ("kind", "result", "recorded", "count"):
+    cells = any(cell is not None for cell, _ in runs)
+    for column in ("cell",) * cells + ("kind", "result", "recorded", "count"):
         table.add_column(column)
-    for (kind, result, recorded), count in sorted(outcomes.attempts.items()):
-        table.add_row(printable(kind), printable(result), str(recorded).lower(), str(count))
+    for cell, outcomes in runs:
+        for (kind, result, recorded), count in sorted(outcomes.attempts.items()):
+            row = (printable(kind), printable(result), str(recorded).lower(), str(count))
+            table.add_row(*((cell or "",) * cells + row))
+        if cells and not outcomes.attempts:  # every cell has its line, one that attempted nothing too
+            table.add_row(cell or "", "-", "-", "-", "0")
     return table

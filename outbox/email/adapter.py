@@ -1,8 +1,8 @@
 """EmailAdapter: the only adapter of EMAIL and the only code that talks SMTP.
 
-    payload ─▶ notice.prepare_async (who wants it now?) ─ nobody ─▶ Cancelled NOT_WANTED
+    payload ─▶ the notice's recipients query (who wants it now?) ─▶ notice.composed ─ nobody ─▶ Cancelled NOT_WANTED
         ─ a field the message cannot carry ─▶ Failed
-        ─▶ build message (stable Message-ID, Date now) ─ the mail library refuses ─▶ Failed
+        ─▶ written: the message built once (stable Message-ID, Date now) ─ the mail library refuses ─▶ Failed
         ─▶ fence ─▶ connect, EHLO (helo name), STARTTLS, login, MAIL, RCPT
         ─▶ window re-checked ─▶ DATA ─▶ classify what the relay answered
 
@@ -60,11 +60,10 @@ from outbox.email.message import (
     InvalidEmail,
     PreparedEmail,
     Recipient,
-    build_message,
     check_address,
     check_display_name,
-    message_bytes,
     message_id,
+    written,
 )
 from outbox.email.notice import notice_of
 from outbox.email.replies import classify_reply
@@ -218,19 +217,16 @@ class EmailAdapter:
         message_id_value = message_id(action.idempotency_key, self.settings.message_id_domain)
         # what traces the email once its payload is gone: written with the fence, or with the result
         attempt.note(notice=notice.name, message_id=message_id_value)
+        async with self._engine.connect() as conn:
+            rows = await notice.rows_async(conn, event)
         try:
-            async with self._engine.connect() as conn:
-                email = await notice.prepare_async(conn, event)
+            email = notice.composed(event, rows)
+            if email is None:
+                return Cancelled(f"prepare: the {notice.name} notice reaches nobody now")
+            # built once, before the fence: whatever the mail library refuses fails it, and nothing was sent
+            message = written(email, self._sender, message_id_value, datetime.now(UTC))
         except InvalidEmail as invalid:
             return Failed(f"prepare: the {notice.name} notice cannot be sent: {invalid.field} {invalid.message}")
-        if email is None:
-            return Cancelled(f"prepare: the {notice.name} notice reaches nobody now")
-        try:
-            message = message_bytes(build_message(email, self._sender, message_id_value, datetime.now(UTC)))
-        except InvalidEmail as invalid:
-            return Failed(f"prepare: the {notice.name} notice cannot be sent: {invalid.field} {invalid.message}")
-        except Exception as error:  # anything else the mail library refuses, before the fence: nothing was sent
-            return Failed(f"prepare: the {notice.name} notice cannot be written as a message ({type(error).__name__})")
         window = await attempt.fence().begin_write()
         return await self._send(window, email, message, attempt.uncounted_claims())
 

@@ -1,15 +1,23 @@
 """An email as a notice prepares it, checked so that every header can be written, and the message the relay receives.
 
     recipients query rows ─▶ recipients_of: skip NULL/empty, refuse invalid, drop duplicates ─▶ notice.compose
-        ─▶ Draft ─▶ PreparedEmail.check(): every field, then a trial build ─▶ InvalidEmail, or
-        ─▶ build_message(email, sender, Message-ID, send time) ─▶ message_bytes() ─▶ DATA
+        ─▶ Draft ─▶ PreparedEmail.check_fields(): every field ─▶ InvalidEmail, or
+           at enqueue, check(): then a trial build (written) ─▶ InvalidEmail, or accepted
+           before an attempt: written(email, sender, Message-ID, send time): build_message, message_bytes
+               ─▶ InvalidEmail, or DATA
 
-`check` refuses whatever the mail library (Python's `email` package, default policy) would refuse or
+`check_fields` refuses whatever the mail library (Python's `email` package, default policy) would refuse or
 change: line breaks of any kind, control characters, unpaired surrogates, the start of an encoded word
 (`=?utf-8?Q?`, which the library decodes when a header is set, CR LF included), and values over the
-lengths below; then it builds the message once, so that anything else the library refuses is refused too.
-The notice runs it at enqueue (InvalidEmail, an InvalidRequest) and again before every attempt (the adapter
-returns Failed, before the fence).
+lengths below; `check` then builds the message once (`written`), so that anything else the library refuses
+is refused too. The notice runs `check` at enqueue (InvalidEmail, an InvalidRequest); before every attempt
+it runs `check_fields`, and the message the attempt sends is itself built by `written`, whose refusal is the
+same InvalidEmail (the adapter returns Failed, before the fence): one build an attempt, not a trial and then
+the real one.
+
+The library makes a new header class every time its HeaderRegistry is asked for one (`type()`, for each
+header of each message, each time it is set and again as it is written): outbox's registry makes each once
+and hands out the same class after (`_HeadersMadeOnce`), which halves the CPU of building a message.
 
 `build_message` writes the headers RFC 5322 requires (From, Date, Message-ID) and never shows one
 recipient another's address: one recipient is the `To:`, several are `To: undisclosed-recipients:;` with
@@ -95,6 +103,12 @@ class PreparedEmail:
 
     def check(self) -> None:
         """Raise InvalidEmail unless every field can be written and the message can be built."""
+        self.check_fields()
+        # whatever else the mail library refuses, refused here rather than before each attempt
+        written(self, _TRIAL_SENDER, "<trial@outbox.invalid>", _TRIAL_DATE)
+
+    def check_fields(self) -> None:
+        """Raise InvalidEmail unless every field can be written (the message is not built)."""
         for index, recipient in enumerate(self.recipients, 1):
             check_address(f"recipient {index} address", recipient.address)
             check_display_name(f"recipient {index} display name", recipient.display_name)
@@ -102,12 +116,6 @@ class PreparedEmail:
         if len(subject_text(self.subject)) > MAX_SUBJECT_LENGTH:
             raise InvalidEmail("subject", f"is longer than {MAX_SUBJECT_LENGTH} characters")
         check_body("text", self.text)
-        try:  # whatever else the mail library refuses, refused here rather than before each attempt
-            message_bytes(build_message(self, _TRIAL_SENDER, "<trial@outbox.invalid>", _TRIAL_DATE))
-        except InvalidEmail:
-            raise
-        except Exception as error:
-            raise InvalidEmail("message", f"cannot be written ({type(error).__name__})") from None
 
 
 _TRIAL_SENDER = Recipient("sender@outbox.invalid", "")
@@ -241,7 +249,27 @@ def _encoded_words(text: str) -> list[str]:
     return [f"=?utf-8?b?{base64.b64encode(chunk).decode()}?=" for chunk in chunks]
 
 
-_HEADERS = HeaderRegistry()
+class _HeadersMadeOnce(HeaderRegistry):
+    """A HeaderRegistry that makes the class of each header name once: the library's makes a new one with
+    `type()` every time it is asked, though every one it makes for a name is the same."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._made: dict[str, type[BaseHeader]] = {}
+
+    def __getitem__(self, name: str) -> type[BaseHeader]:
+        key = name.lower()
+        made = self._made.get(key)
+        if made is None:
+            made = self._made[key] = super().__getitem__(name)
+        return made
+
+    def map_to_type(self, name: str, cls: type[BaseHeader]) -> None:
+        super().map_to_type(name, cls)
+        self._made.pop(name.lower(), None)
+
+
+_HEADERS = _HeadersMadeOnce()
 _HEADERS.map_to_type("from", _MailboxHeader)
 _HEADERS.map_to_type("to", _MailboxHeader)
 # the default policy (lines of 78, CTE chosen by content), with outbox's From and To
@@ -261,6 +289,17 @@ def build_message(email: PreparedEmail, sender: Recipient, message_id_value: str
     message["Message-ID"] = message_id_value
     message.set_content(email.text)
     return message
+
+
+def written(email: PreparedEmail, sender: Recipient, message_id_value: str, sent_at: datetime) -> bytes:
+    """What DATA sends for a checked email (`build_message`, then `message_bytes`); InvalidEmail for anything
+    the mail library refuses, named by the field when outbox knows it, else as the message's."""
+    try:
+        return message_bytes(build_message(email, sender, message_id_value, sent_at))
+    except InvalidEmail:
+        raise
+    except Exception as error:
+        raise InvalidEmail("message", f"cannot be written ({type(error).__name__})") from None
 
 
 def message_bytes(message: EmailMessage) -> bytes:

@@ -59,14 +59,22 @@ class EmailNotice(EventDefinition):
 
         A row with a NULL or empty address is skipped and a repeated address is kept once (the first row's
         display name wins); an invalid address or display name, or a subject or text the message cannot
-        carry, raises InvalidEmail.
+        carry, raises InvalidEmail, and so does anything else the mail library refuses (a trial build).
         """
+        email = self.composed(event, rows)
+        if email is not None:
+            email.check()
+        return email
+
+    def composed(self, event: dict[str, Any], rows: Sequence[Mapping[str, Any]]) -> PreparedEmail | None:
+        """`prepared` without the trial build: every field checked (InvalidEmail), the message not built. The
+        adapter's attempt builds the message it sends, which refuses what the trial would (outbox.email.message)."""
         recipients = PreparedEmail.recipients_of(rows)
         if not recipients:
             return None
         draft = self.compose(event, recipients)
         email = PreparedEmail(recipients, draft.subject, draft.text)
-        email.check()
+        email.check_fields()
         return email
 
     def prepare(self, conn: SyncConnection, event: dict[str, Any]) -> PreparedEmail | None:

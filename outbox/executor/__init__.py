@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from outbox.executor.results import (
         Abandoned,
         Cancelled,
+        CredentialsRefused,
         Defer,
         Done,
         Failed,
@@ -37,6 +38,7 @@ _HOMES = {
     "ActionAdapter": "outbox.executor.adapter",
     "ActionAttempt": "outbox.executor.attempt",
     "Cancelled": "outbox.executor.results",
+    "CredentialsRefused": "outbox.executor.results",
     "Defer": "outbox.executor.results",
     "DestinationWaits": "outbox.executor.attempt",
     "Done": "outbox.executor.results",
@@ -56,6 +58,7 @@ __all__ = [
     "ActionAdapter",
     "ActionAttempt",
     "Cancelled",
+    "CredentialsRefused",
     "Defer",
     "DestinationWaits",
     "Done",

@@ -23,7 +23,8 @@ Message-ID), for any kind. The adapter notes it on its attempt; outbox writes it
             ──fence──▶ Committer: the trace with write_started_at, in the fence's transaction, so it is
                        durable before the provider call
     result  ──▶ Committer: the trace with the result (an attempt that never fenced, such as a refusal
-                before it, keeps what it noted too); an attempt that noted nothing leaves the trace as it is
+                before it, keeps what it noted too); an attempt that noted nothing, or nothing since its
+                fence wrote the trace, leaves the trace as it is
 
 Whatever the executor shows of an ended action (the UNCERTAIN warning line, the listeners' EndedAction
 and so the drain's Prefect events) is this trace. Its fields are names of lower case letters, digits and
@@ -116,6 +117,7 @@ class Fence:
         tracing.fence_event(refusal)
         if refusal is not None:
             raise FenceRefused(attempt.action.id, refusal)
+        attempt._noted = False  # the fence wrote the trace as it stands: the result writes it only if noted since
         attempt.window = WriteWindow(attempt.action.id, sent_at + WRITE_WINDOW_SECONDS)
         return attempt.window
 
@@ -149,7 +151,8 @@ class ActionAttempt:
         return dict(self._trace)
 
     def noted_trace(self) -> Mapping[str, TraceValue] | None:
-        """The trace to write: None when this attempt noted nothing (the stored trace stays as it is)."""
+        """The trace to write: None when this attempt noted nothing since its fence wrote the trace, or nothing
+        at all (the stored trace stays as it is)."""
         return self.trace if self._noted else None
 
     def write_started(self) -> bool:

@@ -8,6 +8,10 @@ from dataclasses import dataclass
 
 # The provider call must end within this many seconds of the fence; a fence with less lease left refuses.
 WRITE_WINDOW_SECONDS = 60.0
+# The connections of an executor's engine (the adapters' queries), all kept open once opened: an attempt
+# holds one for a query of milliseconds, so eight serve any concurrency, and a pool that closed what it
+# opened past a smaller core would connect (a server process forked) for most attempts of a busy executor.
+ENGINE_POOL_SIZE = 8
 
 
 @dataclass(frozen=True)

@@ -15,12 +15,14 @@
            ──Retry, a SlowDown that paused──▶ NOTE_FAILURE: one more in the destination's run, kept on its row
                         for every executor; at least BREAK_FAILURES over `break_seconds` and none accepted
                         since the run began: broken (one probe every `probe_seconds`)
+           ──CredentialsRefused──▶ REFUSE_CREDENTIALS: broken at once for every executor, the reason kept,
+                        one probe every CREDENTIALS_PROBE_SECONDS; the action waits as long
            ──Done─────▶ nothing written for an open destination (the next judgement finds the acceptance
                         in the actions' record and starts the run again from it); a broken one is mended
 
 The numbers are outbox.executor.pacing's. An adapter names its destinations and their configured rates in an
 optional `rates` property (name: Rate or None); the executor writes them when it starts, so the replicas
-share the rate of the one that started last. Each change this executor makes (paused, broken, mended, and
+share the rate of the one that started last. Each change this executor makes (paused, broken, refused, mended, and
 resumed when a pause it made ends) goes to `Outcomes.destination` (a log line, and the drain's Prefect events).
 """
 
@@ -37,8 +39,15 @@ from outbox.executor.attempt import DestinationWaits
 from outbox.executor.claimed import ClaimedAction
 from outbox.executor.config import ExecutorConfig
 from outbox.executor.outcomes import DestinationChange, Outcomes
-from outbox.executor.pacing import BREAK_FAILURES, GATE_WAIT_SECONDS, PACE, PAUSE_CAP_SECONDS, SLOW_DOWN
-from outbox.executor.results import Done, Result, Retry, SlowDown
+from outbox.executor.pacing import (
+    BREAK_FAILURES,
+    CREDENTIALS_PROBE_SECONDS,
+    GATE_WAIT_SECONDS,
+    PACE,
+    PAUSE_CAP_SECONDS,
+    SLOW_DOWN,
+)
+from outbox.executor.results import CredentialsRefused, Done, Result, Retry, SlowDown
 from outbox.executor.store import ExecutorStore
 from outbox.rates import Rate
 
@@ -159,6 +168,8 @@ class Destinations:
         """What `result` tells of the action's destination, written for every executor; the result to record
         (a SlowDown waits the destination's pause)."""
         name = action.destination
+        if isinstance(result, CredentialsRefused):
+            return await self._refused(action, result)
         if isinstance(result, SlowDown):
             named = result.after if result.named else None
             # held from now: this executor's next attempts ask for their turns, which wait for the pause
@@ -183,6 +194,17 @@ class Destinations:
             self._held[name] = False
             self._change(name, action.kind.name, "mended", "an attempt succeeded")
         return result
+
+    async def _refused(self, action: ClaimedAction, result: CredentialsRefused) -> Result:
+        """Credentials refused: the destination broken for every executor, probed once every
+        CREDENTIALS_PROBE_SECONDS (held here at once); the action waits for the probe."""
+        name, kind = action.destination, action.kind.name
+        self._held[name] = True
+        self._not_before[name] = asyncio.get_running_loop().time() + CREDENTIALS_PROBE_SECONDS
+        if await self._store.refuse_credentials(name, kind, result.reason, CREDENTIALS_PROBE_SECONDS):
+            why = f"credentials refused: {result.reason}"
+            self._change(name, kind, "refused", why, CREDENTIALS_PROBE_SECONDS)
+        return dataclasses.replace(result, after=max(result.after, CREDENTIALS_PROBE_SECONDS))
 
     async def _failed(self, name: str, kind: str) -> None:
         """One more failure in `name`'s run, judged from its row (outbox.store.destinations.NOTE_FAILURE); a

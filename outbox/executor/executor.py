@@ -391,7 +391,8 @@ class Executor:
             result = await self._result_of(attempt)
             result = await self._told_destinations(action, result)
             write, recorded = await self._record(attempt, result, started)
-            span.finish(*_span_outcome(attempt, result, write, recorded=recorded))
+            if span.recording:
+                span.finish(*_span_outcome(attempt, result, write, recorded=recorded))
 
     async def _told_destinations(self, action: ClaimedAction, result: Result) -> Result:
         """The result after its destination heard it (outbox.executor.destinations): a SlowDown waits the

@@ -9,8 +9,8 @@ WARNING here, with its kind, reason and id, and the trace its adapter noted (out
 its recipient or payload. Whatever is shown of an ended action beyond its id, kind, state and reason is its
 trace, the same for every kind. Whoever runs the executor can listen for the actions it ends (`listeners`):
 the Prefect drain turns the UNCERTAIN and FAILED ones into Prefect events. A listener runs on the executor's
-event loop and must not block. The changes it makes to destinations (paused, broken, mended, resumed) are
-logged (a broken one as a WARNING) and go to `destination_listeners` the same way.
+event loop and must not block. The changes it makes to destinations (paused, broken, refused, mended, resumed)
+are logged (broken and refused as WARNINGs) and go to `destination_listeners` the same way.
 """
 
 from __future__ import annotations
@@ -45,7 +45,8 @@ def shown_trace(trace: Mapping[str, Any]) -> str:
 @dataclass(frozen=True)
 class DestinationChange:
     """A change this executor made to a destination (outbox.executor.destinations): `paused` (for `seconds`),
-    `broken`, `mended`, or `resumed` (a pause it made ended); `reason` never holds a recipient."""
+    `broken`, `refused` (its credentials: probed again in `seconds`), `mended`, or `resumed` (a pause it made ended);
+    `reason` never holds a recipient."""
 
     name: str
     kind: str
@@ -82,7 +83,7 @@ class Outcomes:
     def destination(self, change: DestinationChange) -> None:
         self.destinations[(change.name, change.change)] += 1
         lasting = f" for {change.seconds:.3g} s" if change.seconds is not None else ""
-        level = logging.WARNING if change.change == "broken" else logging.INFO
+        level = logging.WARNING if change.change in ("broken", "refused") else logging.INFO
         log.log(level, "destination %s (%s) %s%s: %s", change.name, change.kind, change.change, lasting, change.reason)
         for listener in self.destination_listeners:
             try:

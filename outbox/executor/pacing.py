@@ -81,6 +81,13 @@ whichever executor sees it. 120 s is longer than a receiver's restart or a deplo
 quota (a provider refusing until its minute turns accepts again within it), and short enough that a dead receiver is
 seen, and alerted on, about two minutes after it stopped accepting. An attempt accepted writes nothing here: only
 failures do.
+
+Credentials refused. An adapter that hears its destination's credentials refused (a revoked or invalid token, a
+deactivated account, a 401) returns CredentialsRefused: no other action can succeed there until a person mends the
+secret, so the destination is held as broken at once, for every executor, with the reason kept on its row
+(`credentials_refused_at`, `credentials_reason`), and probed once every CREDENTIALS_PROBE_SECONDS; the action
+waits as long and its attempt does not count. Five minutes: a mended secret is found within them (an operator's
+`outbox destinations resume` probes at once), and a provider that stays refusing costs twelve requests an hour.
 """
 
 from __future__ import annotations
@@ -107,6 +114,7 @@ RECENT_SPAN_SECONDS = 1.0
 RECENT_SHARE = 0.5
 
 BREAK_FAILURES = 5
+CREDENTIALS_PROBE_SECONDS = 300.0
 GATE_WAIT_SECONDS = 10.0
 
 # the parameters of the pace in outbox.store.destinations' statements; a learned pace's bucket holds

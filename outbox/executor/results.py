@@ -6,6 +6,8 @@
 |           |                                                      | FAILED / ATTEMPTS_EXHAUSTED at the last one |
 | Defer     | not now, and nothing was written (a rate limit)      | ADMITTED after `after`; attempt not counted |
 | SlowDown  | a Defer because the provider asked to slow down      | the same, and its destination pauses        |
+| CredentialsRefused | a Defer: the provider refused the credentials | the same; its destination is held, one probe |
+|           | (revoked, invalid, deactivated, 401)                 | every 5 minutes, until an attempt succeeds  |
 | Uncertain | the effect may exist                                 | UNCERTAIN; nothing sends it again           |
 | Failed    | the provider refused it, or nobody can receive it    | FAILED / PROVIDER_REFUSED                   |
 | Cancelled | nothing should be written                            | CANCELLED / NOT_WANTED                      |
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from outbox.executor.pacing import CREDENTIALS_PROBE_SECONDS
 from outbox.states import ActionState, StopReason
 
 
@@ -53,6 +56,18 @@ class SlowDown(Defer):
     wait when the pause cannot be written."""
 
     named: bool = False
+
+
+@dataclass(frozen=True)
+class CredentialsRefused(Defer):
+    """The provider refused the destination's credentials (Slack's `invalid_auth`, `token_revoked`,
+    `account_inactive`; an HTTP 401): nothing was written and no action can be until a person mends the secret.
+    A Defer of this action that never counts, and its destination held for every executor as broken, one
+    probe every CREDENTIALS_PROBE_SECONDS, the reason kept on its row and shown by `outbox destinations` and
+    the `outbox_destination_credentials_refused` gauge; the first attempt accepted mends it. `reason` names
+    what the provider answered, never the credentials. Returned as `CredentialsRefused(reason="...")`."""
+
+    after: float = CREDENTIALS_PROBE_SECONDS
 
 
 @dataclass(frozen=True)
@@ -98,6 +113,7 @@ RESULT_NAMES: dict[type[Result], str] = {
     Retry: "RETRY",
     Defer: "DEFER",
     SlowDown: "DEFER",
+    CredentialsRefused: "DEFER",
     OutboxFault: "OUTBOX_FAULT",
     Uncertain: "UNCERTAIN",
     Failed: "FAILED",

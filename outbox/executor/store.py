@@ -26,9 +26,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import math
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import cache
 from typing import Any, TypeVar
 
 import psycopg
@@ -51,6 +51,7 @@ from outbox.store.executor import (
     FENCE_WRITES,
     LATENCY_BUCKETS,
     TAKE_BACK_EXPIRED_LEASES,
+    WRITE_COLUMNS,
 )
 
 _T = TypeVar("_T")
@@ -164,6 +165,11 @@ class ExecutorStore:
 
     async def _rows(self, statement: TextClause, params: dict[str, Any]) -> list[Any]:
         return await self._bounded(lambda conn: _fetch(conn, statement, params))
+
+    async def _binary_rows(self, statement: TextClause, params: dict[str, Any]) -> list[Any]:
+        """`_rows`, every list parameter sent in binary format (`binary_arrays`)."""
+        sql = binary_arrays(statement, frozenset(name for name, value in params.items() if isinstance(value, list)))
+        return await self._bounded(lambda conn: _fetch_sql(conn, sql, params))
 
     async def _bounded(self, work: Callable[[psycopg.AsyncConnection[Any]], Awaitable[_T]]) -> _T:
         """`work` on this store's connection, answered within CALL_SECONDS or failed as a lost connection.
@@ -311,6 +317,17 @@ class ExecutorStore:
 
         return await self._bounded(write)
 
+    async def refuse_credentials(self, name: str, kind: str, reason: str, probe_seconds: float) -> bool:
+        """The provider refused `name`'s credentials (destinations.REFUSE_CREDENTIALS): broken for every
+        executor, its next probe `probe_seconds` away; whether they were not known refused before."""
+
+        async def write(conn: psycopg.AsyncConnection[Any]) -> bool:
+            await _fetch(conn, destinations.ADD_DESTINATION, {"name": name, "kind": kind})
+            params = {"name": name, "reason": reason, "probe_seconds": probe_seconds}
+            return bool((await _fetch(conn, destinations.REFUSE_CREDENTIALS, params))[0].newly)
+
+        return await self._bounded(write)
+
     async def mend_destination(self, name: str) -> bool:
         """`name` is no longer broken; whether it was."""
         return bool(await self._rows(destinations.MEND, {"name": name}))
@@ -344,8 +361,12 @@ class ExecutorStore:
         rest = [write for write in writes if not (write.report is None and write.action.id in fenced)]
         found: dict[int, WriteOutcome] = {}
         if rest:
-            encoded = json.dumps([_write_row(write) for write in rest])
-            rows = await self._rows(COMMIT_WRITES, {"writes": encoded, "window_seconds": window_seconds})
+            columns = zip(*(_write_row(write) for write in rest), strict=True)
+            params: dict[str, Any] = {
+                f"w_{name}": list(values) for (name, _), values in zip(WRITE_COLUMNS, columns, strict=True)
+            }
+            params["window_seconds"] = window_seconds
+            rows = await self._binary_rows(COMMIT_WRITES, params)
             found = {row.id: WriteOutcome(row.outcome, row.found_epoch, row.found_state) for row in rows}
         return [
             WriteOutcome("written", write.action.epoch, "EXECUTING")
@@ -362,18 +383,34 @@ class ExecutorStore:
             "traces": [None if write.trace is None else json.dumps(write.trace) for write in fences],
             "window_seconds": window_seconds,
         }
-        return {row.id for row in await self._rows(FENCE_WRITES, params)}
+        return {row.id for row in await self._binary_rows(FENCE_WRITES, params)}
 
 
 async def _fetch(conn: psycopg.AsyncConnection[Any], statement: TextClause, params: Mapping[str, Any]) -> list[Any]:
-    cursor = await conn.execute(psycopg_sql(statement), params)
+    return await _fetch_sql(conn, psycopg_sql(statement), params)
+
+
+async def _fetch_sql(conn: psycopg.AsyncConnection[Any], sql: str, params: Mapping[str, Any]) -> list[Any]:
+    cursor = await conn.execute(sql, params)
     return await cursor.fetchall() if cursor.description is not None else []
 
 
+@cache
+def binary_arrays(statement: TextClause, names: frozenset[str]) -> str:
+    """`statement` in psycopg's style with the parameters `names` sent in binary format (`%(name)b`): a list
+    of them goes as an array of its elements' own binary values, where the text format quotes and escapes
+    every element in Python (a trace's JSON escaped quote by quote), the group commit's largest cost to its
+    client. A list of nothing but nulls still goes as text (psycopg cannot tell its type)."""
+    sql = psycopg_sql(statement)
+    for name in names:
+        sql = sql.replace(f"%({name})s", f"%({name})b")
+    return sql
+
+
 def _write_row(write: Write) -> list[Any]:
-    """One write as a row of `_WRITES`, in its column order (JSON has no infinity: the last bucket is text)."""
+    """One write as a row of `WRITE_COLUMNS`, in its order."""
     action, report, finish = write.action, write.report, write.finish
-    prior = action.prior_write_started_at.isoformat() if action.prior_write_started_at else None
+    prior = action.prior_write_started_at
     row: list[Any] = [action.id, action.epoch, "fence" if report is None else "none" if finish is None else "finish"]
     if finish is None:
         row += [None, None, None, None, None, None, prior, None]
@@ -382,7 +419,7 @@ def _write_row(write: Write) -> list[Any]:
             finish.state,
             finish.stop_reason,
             finish.readback_ref,
-            finish.delay_seconds,
+            float(finish.delay_seconds),  # one type per array: an int among floats cannot be dumped
             finish.uncount,
             finish.fence,
             prior,
@@ -396,16 +433,12 @@ def _write_row(write: Write) -> list[Any]:
         row += [
             report.result,
             report.attempt_seconds,
-            _json_bound(bucket(report.attempt_seconds)),
+            bucket(report.attempt_seconds),
             pickup,
-            _json_bound(bucket(pickup)) if pickup is not None else None,
+            bucket(pickup) if pickup is not None else None,
         ]
-    row.append(write.trace)
+    row.append(None if write.trace is None else json.dumps(write.trace))
     return row
-
-
-def _json_bound(le: float) -> float | str:
-    return le if le != math.inf else "Infinity"
 
 
 def claimed_action(row: Any, *, fresh: bool) -> ClaimedAction:

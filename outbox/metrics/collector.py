@@ -60,8 +60,6 @@ log = logging.getLogger("outbox.metrics")
 
 LANE_DEPTH_BUCKETS = (1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 5000.0, math.inf)
 UNENDED_STATES = ("PROPOSED", "ADMITTED", "EXECUTING")
-# an executor that has not beaten for this long counts as gone
-EXECUTOR_SILENCE_SECONDS = 30
 LATENCY_METRICS = {
     "attempt_duration": ("action_attempt_duration_seconds", "Time from claim to result of an attempt."),
     "pickup_delay": ("action_pickup_delay_seconds", "Time from an action's due time to its claim."),
@@ -117,9 +115,11 @@ class OutboxCollector(Collector):
         cache_seconds: float = 5.0,
         statement_timeout_ms: int = 2000,
         wait_seconds: float = 5.0,
+        cell: str | None = None,
     ) -> None:
         bound_connections(engine)
         self._engine = engine
+        self._cell = cell  # named in the log lines
         self._cache_seconds = cache_seconds
         self._timeout = statement_timeout_ms
         self._wait_seconds = wait_seconds
@@ -136,8 +136,11 @@ class OutboxCollector(Collector):
 
     def collect(self) -> Iterable[Metric]:
         started = time.perf_counter()
+        yield from self.answer(self.take(), started)
+
+    def answer(self, snapshot: Snapshot | Exception, started: float) -> Iterable[Metric]:
+        """Every family of one scrape that found `snapshot` (or failed with it), begun at `started`."""
         up = GaugeMetricFamily("outbox_exporter_up", "1 when the last scrape could read the outbox database.")
-        snapshot = self.take()
         if isinstance(snapshot, Exception):
             self._found(False, snapshot)
             up.add_metric([], 0)
@@ -152,10 +155,19 @@ class OutboxCollector(Collector):
         yield self._snapshots_total()
         yield _scrape_duration(started)
 
+    @property
+    def wait_seconds(self) -> float:
+        return self._wait_seconds
+
     def take(self) -> Snapshot | Exception:
         """The cached snapshot while it is fresh, else the one in flight (started here when there is none);
         or what reading it raised, or NoAnswer after `wait_seconds`. Every waiter gets the same object."""
         deadline = time.monotonic() + self._wait_seconds
+        return self.finish(self.begin(), deadline)
+
+    def begin(self) -> Snapshot | _Flight:
+        """The cached snapshot while it is fresh, else the flight to wait for (started here when there is
+        none); never waits for the database."""
         with self._lock:
             now = time.monotonic()
             if self._cached is not None and now - self._taken_at < self._cache_seconds:
@@ -167,12 +179,18 @@ class OutboxCollector(Collector):
                 flight = self._flight = _Flight(time.monotonic())
                 self.snapshots += 1
                 threading.Thread(target=self._fly, args=(flight,), name="outbox-metrics-snapshot", daemon=True).start()
-        if not flight.done.wait(max(0.0, deadline - time.monotonic())):
+            return flight
+
+    def finish(self, begun: Snapshot | _Flight, deadline: float) -> Snapshot | Exception:
+        """What `begin` gave, once its flight has landed; NoAnswer when it has not by `deadline` (monotonic)."""
+        if isinstance(begun, Snapshot):
+            return begun
+        if not begun.done.wait(max(0.0, deadline - time.monotonic())):
             return NoAnswer(f"the database did not answer within {self._wait_seconds:g} s")
-        if flight.error is not None:
-            return flight.error
-        assert flight.snapshot is not None
-        return flight.snapshot
+        if begun.error is not None:
+            return begun.error
+        assert begun.snapshot is not None
+        return begun.snapshot
 
     def _fly(self, flight: _Flight) -> None:
         try:
@@ -209,7 +227,7 @@ class OutboxCollector(Collector):
             changed, self._up = self._up is not up, up
         if not changed:
             return
-        where = _where(self._engine)
+        where = _where(self._engine) if self._cell is None else f"of cell {self._cell} ({_where(self._engine)})"
         if up:
             log.info("outbox_exporter_up 1: reading the outbox database %s", where)
         else:
@@ -276,7 +294,7 @@ def read_snapshot(conn: Connection) -> Snapshot:
     }
     s.leases = {row.kind: (row.executing, row.expired) for row in conn.execute(sql.LEASES_BY_KIND)}
     s.lanes_by_depth = {row.depth: row.lanes for row in conn.execute(sql.LANES_BY_DEPTH)}
-    s.executors = conn.execute(sql.LIVE_EXECUTORS, {"seconds": EXECUTOR_SILENCE_SECONDS}).scalar_one()
+    s.executors = conn.execute(sql.LIVE_EXECUTORS, {"seconds": sql.EXECUTOR_SILENCE_SECONDS}).scalar_one()
     purge = conn.execute(sql.LAST_PURGE).first()
     s.last_purge = purge.at if purge is not None else None
     s.destinations = destinations(conn)
@@ -389,7 +407,14 @@ def destination_families(found: Iterable[Destination]) -> Iterable[Metric]:
         labels=labels,
     )
     broken = GaugeMetricFamily(
-        "outbox_destination_broken", "1 while the destination is broken: one probe at a time.", labels=labels
+        "outbox_destination_broken",
+        "1 while the destination is broken (not for refused credentials: the next gauge): one probe at a time.",
+        labels=labels,
+    )
+    refused = GaugeMetricFamily(
+        "outbox_destination_credentials_refused",
+        "1 while the provider refuses the destination's credentials: one probe every few minutes.",
+        labels=labels,
     )
     broken_seconds = GaugeMetricFamily(
         "outbox_destination_broken_seconds",
@@ -419,15 +444,18 @@ def destination_families(found: Iterable[Destination]) -> Iterable[Metric]:
     for d in found:
         key = [d.kind, d.name]
         paused.add_metric(key, 1 if d.state == "paused" else 0)
-        broken.add_metric(key, 1 if d.broken_since is not None else 0)
-        broken_seconds.add_metric(key, max(0.0, d.broken_seconds or 0.0))
+        # a destination whose credentials are refused is held as broken, for a cause of its own and its own alert
+        is_broken = d.broken_since is not None and d.credentials_refused_at is None
+        broken.add_metric(key, 1 if is_broken else 0)
+        broken_seconds.add_metric(key, max(0.0, d.broken_seconds or 0.0) if is_broken else 0.0)
+        refused.add_metric(key, 1 if d.credentials_refused_at is not None else 0)
         if d.rate is not None:
             rate.add_metric(key, d.rate)
         if d.pace is not None:
             pace.add_metric(key, d.pace)
         waiting.add_metric(key, d.waiting)
         oldest.add_metric(key, max(0.0, d.oldest_due_seconds))
-    yield from (paused, broken, broken_seconds, rate, pace, waiting, oldest)
+    yield from (paused, broken, broken_seconds, refused, rate, pace, waiting, oldest)
 
 
 def _number(le: float) -> str:

@@ -6,6 +6,8 @@
 
 Hundreds of scrapes at once wait in the listen queue instead of being refused, and share one snapshot;
 each answers within the collector's `wait_seconds`, with `outbox_exporter_up 0` when the database does not.
+Serving cells (`registry_for_cells`), one OutboxCollector per cell sits behind `outbox.metrics.cells`, which
+reads them side by side and labels every sample with its cell.
 """
 
 from __future__ import annotations
@@ -14,12 +16,14 @@ import logging
 import signal
 import socket
 import threading
+from collections.abc import Mapping
 from http.server import ThreadingHTTPServer
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import MetricsHandler
 from sqlalchemy import Engine
 
+from outbox.metrics.cells import CellsCollector
 from outbox.metrics.collector import OutboxCollector
 
 # connections the kernel queues before the server accepts them (prometheus_client's own server: 5)
@@ -31,6 +35,16 @@ REQUEST_TIMEOUT_SECONDS = 30.0
 def registry_for(engine: Engine, cache_seconds: float = 5.0) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(OutboxCollector(engine, cache_seconds=cache_seconds))
+    return registry
+
+
+def registry_for_cells(engines: Mapping[str, Engine], cache_seconds: float = 5.0) -> CollectorRegistry:
+    """Every cell's metrics, labelled cell="<name>"; `engines` by cell name, in the cells file's order."""
+    registry = CollectorRegistry(auto_describe=False)
+    collectors = {
+        name: OutboxCollector(engine, cache_seconds=cache_seconds, cell=name) for name, engine in engines.items()
+    }
+    registry.register(CellsCollector(collectors))
     return registry
 
 
@@ -63,10 +77,10 @@ def start(
     return server, thread
 
 
-def serve(engine: Engine, host: str, port: int, cache_seconds: float = 5.0) -> None:
+def serve(registry: CollectorRegistry, host: str, port: int) -> None:
     """Serve /metrics until SIGTERM or SIGINT, logging to stderr (unless logging is configured already)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    server, thread = start(registry_for(engine, cache_seconds), host, port)
+    server, thread = start(registry, host, port)
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())

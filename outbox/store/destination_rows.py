@@ -15,9 +15,10 @@ from outbox.store.destinations import _PACE_NOW
 # Every destination that has a row or an action not ended: its row; its actions waiting (PROPOSED or ADMITTED,
 # on ix_agent_action_state_created), due (ready lane heads) and executing (ux_agent_action_lane_executing);
 # an operator's pause until resumed (its paused_until is 'infinity', which no client clock holds) as
-# `until_resumed`; how long a broken one has been broken; its pace now (`:levelled`, `:return_seconds`, `:pace_hold`,
-# `:idle` of outbox.executor.pacing); and the age of its oldest due head (ADMITTED, not expired: what the claim
-# takes when the destination allows; ix_agent_action_ready), the wait an action's expires_at bounds. A head
+# `until_resumed`; how long a broken one has been broken; since when and why its credentials are refused; its
+# pace now (`:levelled`, `:return_seconds`, `:pace_hold`, `:idle` of outbox.executor.pacing); and the age of its
+# oldest due head (ADMITTED, not expired: what the claim takes when the destination allows;
+# ix_agent_action_ready), the wait an action's expires_at bounds. A head
 # that deferrals moved (its destination's pause, a turn far off) is due since it first was (`due_since`),
 # whoever paused the destination: `due` counts it, and the age counts from then.
 DESTINATION_ROWS = text(f"""
@@ -41,13 +42,14 @@ WITH live AS (
 ), found AS (
     SELECT coalesce(d.name, l.name) AS name, coalesce(d.kind, l.kind) AS kind,
            coalesce(d.paused_until > now(), false) AS paused, d.paused_until, d.paused_by, d.pause_reason,
-           d.broken_since, d.rate, {_PACE_NOW.format(t="d")} AS pace,
+           d.broken_since, d.credentials_refused_at, d.credentials_reason, d.rate, {_PACE_NOW.format(t="d")} AS pace,
            coalesce(l.waiting, 0) AS waiting, coalesce(l.due, 0) AS due, coalesce(l.executing, 0) AS executing
       FROM agent_destination AS d FULL JOIN counted AS l ON l.name = d.name
 )
 SELECT f.name, f.kind, f.paused, CASE WHEN isfinite(f.paused_until) THEN f.paused_until END AS paused_until,
        f.paused AND NOT isfinite(f.paused_until) AS until_resumed, f.paused_by, f.pause_reason, f.broken_since,
-       extract(epoch FROM now() - f.broken_since)::float8 AS broken_seconds, f.rate, f.pace, f.waiting, f.due,
+       extract(epoch FROM now() - f.broken_since)::float8 AS broken_seconds, f.credentials_refused_at,
+       f.credentials_reason, f.rate, f.pace, f.waiting, f.due,
        f.executing, coalesce(o.oldest_due_seconds, 0) AS oldest_due_seconds
   FROM found AS f LEFT JOIN oldest AS o ON o.name = f.name AND o.kind = f.kind
  ORDER BY f.kind, f.name

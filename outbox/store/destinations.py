@@ -12,6 +12,7 @@ rates the executors set, and the operator's view and commands.
     slow-down     ─▶ ADD_DESTINATION, SLOW_DOWN              (pause; lower the pace)
                   ─▶ NOTIFY_PAUSED, when it paused the destination (every executor holds it at once)
     failure       ─▶ ADD_DESTINATION, NOTE_FAILURE            (the run of failures; broken once it lasted)
+    credentials refused ─▶ ADD_DESTINATION, REFUSE_CREDENTIALS (broken at once, the reason kept; a long probe)
     success       ─▶ MEND, when held                          (a probe that succeeded)
     operator      ─▶ ADD_DESTINATION, PAUSE, RESUME (the list: outbox.store.destination_rows)
     testing.drain ─▶ END_PROVIDER_PAUSES
@@ -347,11 +348,25 @@ RETURNING c.breaks AS newly, d.broken_since IS NOT NULL AS broken, d.failures,
           extract(epoch FROM now() - d.failing_since)::float8 AS failing_seconds
 """)
 
-# An attempt succeeded (a probe, or any attempt that was in flight): the destination is no longer broken, and
-# its run of failures is over.
+# The provider refused the destination's credentials (its row made first by ADD_DESTINATION): broken from now, if it
+# was not, its next probe `:probe_seconds` from now (a probe refused again pushes it so), and the reason kept.
+# `newly`: the credentials were not known refused before.
+REFUSE_CREDENTIALS = text("""
+UPDATE agent_destination AS d
+   SET credentials_refused_at = coalesce(d.credentials_refused_at, now()), credentials_reason = left(:reason, 500),
+       broken_since = coalesce(d.broken_since, now()), probe_at = now() + make_interval(secs => :probe_seconds),
+       updated_at = now()
+  FROM (SELECT credentials_refused_at IS NULL AS newly FROM agent_destination WHERE name = :name FOR UPDATE) AS o
+ WHERE d.name = :name
+RETURNING o.newly
+""")
+
+# An attempt succeeded (a probe, or any attempt that was in flight): the destination is no longer broken, its
+# run of failures is over, and its credentials are no longer known refused.
 MEND = text("""
 UPDATE agent_destination
-   SET broken_since = NULL, probe_at = NULL, failing_since = NULL, failures = 0, updated_at = now()
+   SET broken_since = NULL, probe_at = NULL, failing_since = NULL, failures = 0, credentials_refused_at = NULL,
+       credentials_reason = NULL, updated_at = now()
  WHERE name = :name AND broken_since IS NOT NULL
 RETURNING name
 """)
@@ -367,14 +382,13 @@ UPDATE agent_destination
 RETURNING name
 """)
 
-# An operator's resume: open again, paused by nobody, not broken (its run of failures forgotten), the learned pace
-# forgotten (a configured
-# rate stays)
+# An operator's resume: open again, paused by nobody, not broken (its run of failures and refused credentials
+# forgotten: its next attempt tries them again), the learned pace forgotten (a configured rate stays)
 RESUME = text("""
 UPDATE agent_destination
    SET paused_until = NULL, paused_by = NULL, pause_reason = NULL, slow_downs = 0, broken_since = NULL,
        probe_at = NULL, failing_since = NULL, failures = 0, pace = NULL, pace_at = NULL, slowed_at = NULL,
-       updated_at = now()
+       credentials_refused_at = NULL, credentials_reason = NULL, updated_at = now()
  WHERE name = :name
 RETURNING name
 """)

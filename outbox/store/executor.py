@@ -8,9 +8,11 @@
 `outbox.executor.store.ExecutorStore` runs them, each in a transaction of its own, on the executor's own
 connections. The group commit is one statement for any mix of fences and results: it locks the rows it can
 (SKIP LOCKED; a result's row FOR UPDATE, since ending a lane's holder waits for the enqueues behind it);
-it writes each fence and result whose row still carries its claim's epoch, and adds the attempt and latency
-tallies of every result it decided, in the same transaction as the results themselves. What another
-transaction holds is reported as held and tried again in the next batch.
+it writes each fence and result whose row still carries its claim's epoch, adds the attempt and latency
+tallies of every result it decided and the ended tally of every end, and passes the lanes its ends let go of
+to their next holder, in the same transaction as the results themselves (claims and fences fire no trigger,
+and its results none either: revision 0024). What another transaction holds is reported as held and tried
+again in the next batch.
 """
 
 from __future__ import annotations
@@ -190,7 +192,9 @@ RETURNING a.id
 # The group commit: fences ('fence'), results ('finish') and results that write nothing ('none', tallied
 # only), each named by its claim's epoch, in one statement.
 #   fence:  write_started_at, while at least the write window of the lease is left
-#   finish: the result's values; an end lets go of its lane (lane_head), whose next holder the trigger marks.
+#   finish: the result's values; an end lets go of its lane (lane_head). The statement writes the ended tally
+#           and calls hold_agent_lanes for the lanes whose holder ended or went back to wait (`outbox.own_ends`
+#           tells the row trigger after_agent_action_move, which does both for other writers, to leave them).
 #           `fence`: keep, clear, or restore the value the attempt found at its claim (a deferral writes
 #           nothing, so an earlier write stays known). A deferral while the action's destination is held
 #           (its pause, a turn far off) keeps when the action first became due (`due_since`: its due time
@@ -205,33 +209,47 @@ RETURNING a.id
 # Each write comes back with its outcome: written; held (its row is locked by another transaction, for a
 # result also by an enqueue behind it that has not committed: try again); gone (erased); stale (another
 # claim took it; with the row's epoch and state); short (a fence with less than the window left); none
-# (nothing to write). The tallies count every result decided here (not the held ones), recorded or not.
-# The writes as rows, from one JSON array of arrays (`:writes`, see `_write_row`): one parameter that Python
-# encodes in C, however many writes. Read as a CTE where a hash join serves, and again in the result's UPDATE,
-# where a function scan lets the planner probe agent_action by primary key for each write.
-_WRITES = """(
-    SELECT (e->>0)::bigint AS id, (e->>1)::bigint AS epoch, e->>2 AS op, e->>3 AS state, e->>4 AS stop_reason,
-           e->>5 AS readback_ref, (e->>6)::float8 AS delay, (e->>7)::int AS uncount, e->>8 AS fence,
-           (e->>9)::timestamptz AS prior_write, e->>10 AS last_error, e->>11 AS kind, e->>12 AS result,
-           (e->>13)::float8 AS attempt_seconds, (e->>14)::float8 AS attempt_le, (e->>15)::float8 AS pickup_seconds,
-           (e->>16)::float8 AS pickup_le, CASE WHEN jsonb_typeof(e->17) = 'object' THEN e->17 END AS trace
-      FROM jsonb_array_elements(CAST(:writes AS jsonb)) AS e
-    ) AS {alias}"""
+# (nothing to write). The attempt and latency tallies count every result decided here (not the held ones),
+# recorded or not; the ended tally every end written.
+# The writes as rows, from one typed array per column (`WRITE_COLUMNS`, in order; the parameters are named
+# after them), as the fences are: no JSON to decode, no text to cast. Read as a CTE where a hash join serves,
+# and again in the result's UPDATE, where a function scan lets the planner probe agent_action by primary key
+# for each write.
+WRITE_COLUMNS = (
+    ("id", "bigint"), ("epoch", "bigint"), ("op", "text"), ("state", "text"), ("stop_reason", "text"),
+    ("readback_ref", "text"), ("delay", "float8"), ("uncount", "int"), ("fence", "text"),
+    ("prior_write", "timestamptz"), ("last_error", "text"), ("kind", "text"), ("result", "text"),
+    ("attempt_seconds", "float8"), ("attempt_le", "float8"), ("pickup_seconds", "float8"), ("pickup_le", "float8"),
+    ("trace", "jsonb"),
+)  # fmt: skip
+_WRITES = (
+    "unnest("
+    + ", ".join(f"CAST(:w_{name} AS {kind}[])" for name, kind in WRITE_COLUMNS)
+    + ") AS {alias} ("
+    + ", ".join(name for name, _ in WRITE_COLUMNS)
+    + ")"
+)
 
 COMMIT_WRITES = text(f"""
-WITH w AS MATERIALIZED (
-    SELECT * FROM {_WRITES.format(alias="w")}
+WITH own_ends AS MATERIALIZED (
+    -- read before any row is written (every write below goes through w): this transaction's ends are tallied
+    -- and their lanes handed over here, so the row trigger after_agent_action_move leaves them
+    SELECT set_config('outbox.own_ends', 'written', true)
+), w AS MATERIALIZED (
+    SELECT w.* FROM own_ends CROSS JOIN {_WRITES.format(alias="w")}
 ), locked_for_results AS MATERIALIZED (
     -- FOR UPDATE: a result may end its lane's holder, which waits for the enqueues behind it that have not
     -- committed (they hold its row FOR KEY SHARE); such a result is held, and tried again
-    SELECT id, epoch, state, lease_expires_at >= now() + make_interval(secs => :window_seconds) AS has_window
+    SELECT id, epoch, state, lease_expires_at >= now() + make_interval(secs => :window_seconds) AS has_window,
+           lane_key, lane_head
       FROM agent_action
      WHERE id = ANY (ARRAY(SELECT id FROM w WHERE op = 'finish'))
      ORDER BY id
      FOR UPDATE SKIP LOCKED
 ), locked_for_fences AS MATERIALIZED (
     -- FOR NO KEY UPDATE: a fence never waits for an enqueue
-    SELECT id, epoch, state, lease_expires_at >= now() + make_interval(secs => :window_seconds) AS has_window
+    SELECT id, epoch, state, lease_expires_at >= now() + make_interval(secs => :window_seconds) AS has_window,
+           lane_key, lane_head
       FROM agent_action
      WHERE id = ANY (ARRAY(SELECT id FROM w WHERE op = 'fence' EXCEPT SELECT id FROM w WHERE op = 'finish'))
      ORDER BY id
@@ -268,7 +286,21 @@ WITH w AS MATERIALIZED (
            lease_expires_at = NULL
       FROM {_WRITES.format(alias="f")}
      WHERE a.id = f.id AND f.id = ANY (ARRAY(SELECT id FROM current WHERE op = 'finish'))
-    RETURNING a.id
+    RETURNING a.id, a.kind, a.state, a.stop_reason
+), ended AS (
+    INSERT INTO agent_action_ended_tally (kind, state, reason, n)
+    SELECT kind, state, stop_reason, count(*) FROM finished
+     WHERE state IN ('DONE', 'FAILED', 'UNCERTAIN', 'CANCELLED')
+     GROUP BY kind, state, stop_reason
+), handed_over AS MATERIALIZED (
+    -- after every result is written (the array reads all of finished): the lanes whose holder ended, or went
+    -- back to wait (an earlier action that had not started may take the lane), get their next holder in a
+    -- snapshot that sees these ends
+    SELECT hold_agent_lanes(h.lanes) FROM (
+        SELECT ARRAY(SELECT DISTINCT l.lane_key FROM finished AS x JOIN locked_for_results AS l ON l.id = x.id
+                      WHERE l.lane_head OR x.state = 'ADMITTED') AS lanes
+    ) AS h
+     WHERE cardinality(h.lanes) > 0
 ), decided AS MATERIALIZED (
     SELECT w.id, w.op, w.kind, w.result, w.attempt_seconds, w.attempt_le, w.pickup_seconds, w.pickup_le,
            l.epoch AS found_epoch, l.state AS found_state,
@@ -292,7 +324,8 @@ WITH w AS MATERIALIZED (
     SELECT kind, 'pickup_delay', pickup_le, count(*), sum(pickup_seconds) FROM tallied
      WHERE pickup_seconds IS NOT NULL GROUP BY kind, pickup_le
 )
-SELECT id, outcome, found_epoch, found_state FROM decided
+SELECT d.id, d.outcome, d.found_epoch, d.found_state
+  FROM decided AS d CROSS JOIN (SELECT count(*) FROM handed_over) AS handed
 """)
 
 # `outbox.testing.drain`, before each round: every waiting action due now (a drain cuts retries' backoff and

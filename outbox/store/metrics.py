@@ -136,6 +136,8 @@ SELECT depth, count(*) AS lanes FROM (
     SELECT count(*) AS depth FROM agent_action WHERE state IN ('PROPOSED', 'ADMITTED') GROUP BY lane_key
 ) AS lanes GROUP BY depth
 """)
+# an executor that has not beaten for this long counts as gone
+EXECUTOR_SILENCE_SECONDS = 30
 LIVE_EXECUTORS = text("SELECT count(*) FROM agent_executor WHERE seen_at > now() - make_interval(secs => :seconds)")
 LAST_PURGE = text("""
 SELECT extract(epoch FROM last_success_at)::float8 AS at, last_removed FROM agent_maintenance WHERE job = 'purge'

@@ -35,13 +35,20 @@ _HOLDER_HAS_BACKLOG = """(h.state <> 'EXECUTING' OR EXISTS (
            SELECT 1 FROM agent_action AS p WHERE p.lane_key = h.lane_key AND p.state IN ('PROPOSED', 'ADMITTED')
        ))"""
 
-# The lanes from their holders (ux_agent_action_lane_head: one row per lane with an unended action, so it is
-# small).
+# Every lane's holder, one row per lane with an unended action (so few): the waiting holders from
+# ux_agent_action_lane_head, the executing ones from ux_agent_action_lane_executing.
+_HOLDERS = """(
+    SELECT id, lane_key, state, due_at FROM agent_action WHERE lane_head AND state IN ('PROPOSED', 'ADMITTED')
+    UNION ALL
+    SELECT id, lane_key, state, due_at FROM agent_action WHERE state = 'EXECUTING' AND lane_head
+)"""
+
+# The lanes from their holders.
 COUNT_LANES = text(f"""
 SELECT count(*) FILTER (WHERE {_HOLDER_HAS_BACKLOG}) AS with_backlog,
        count(*) FILTER (WHERE h.state = 'ADMITTED' AND h.due_at <= now()) AS ready,
        count(*) FILTER (WHERE h.state = 'EXECUTING') AS executing
-  FROM agent_action AS h WHERE h.lane_head
+  FROM {_HOLDERS} AS h
 """)
 
 COUNT_UNCERTAIN_SINCE = text("""
@@ -78,12 +85,12 @@ WITH deepest AS MATERIALIZED (
 """)
 
 # The lanes whose holder came first (lane order is id order), among those with a backlog. The holders are
-# read first (ux_agent_action_lane_head: one row per lane with an unended action), so the planner never walks
-# the primary key through the ended rows looking for them; the depth is counted for those shown only.
+# read first (their two indexes), so the planner never walks the primary key through the ended rows looking
+# for them; the depth is counted for those shown only.
 OLDEST_LANES = text(f"""
 WITH holders AS MATERIALIZED (
-    SELECT h.lane_key, h.id FROM agent_action AS h
-     WHERE h.lane_head AND {_HOLDER_HAS_BACKLOG}
+    SELECT h.lane_key, h.id FROM {_HOLDERS} AS h
+     WHERE {_HOLDER_HAS_BACKLOG}
 ), oldest AS MATERIALIZED (
     SELECT o.lane_key, o.id AS holder_id, d.depth
       FROM (SELECT lane_key, id FROM holders ORDER BY id LIMIT :top) AS o

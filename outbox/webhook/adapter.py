@@ -1,7 +1,7 @@
 """WebhookAdapter: the only adapter of WEBHOOK and the only code that sends webhooks over HTTP.
 
     payload ─▶ event type (registered?) ─▶ note trace: event_type, endpoint, webhook_id
-        ─▶ query rows ─▶ compose ─ None ─▶ Cancelled NOT_WANTED
+        ─▶ query rows (an engine connection only for a query) ─▶ compose ─ None ─▶ Cancelled NOT_WANTED
                                  ─ raised, not JSON, body > 256 KiB ─▶ Failed (nothing was sent)
         ─▶ body and signature for now ─▶ fence ─▶ ONE POST (no redirect followed), bounded by
            min(request_seconds, the window) ─▶ the response's status and at most 64 KiB of its body ─▶ classify
@@ -75,6 +75,8 @@ from outbox.webhook.message import InvalidBody, SignedRequest, body, signed, sig
 with needs("webhook"):
     import httpx
 
+    from outbox.webhook.network import with_quick_idle_check
+
 # what a Retry's reason says when the request went out and its answer was lost: the receiver may hold it
 SENT_UNANSWERED = "after the request was sent"
 # the longest a request may take, unless the write window ends sooner
@@ -110,8 +112,10 @@ class WebhookAdapter:
         self._signers = {e.name: (e, signers(endpoint_secrets(e))) for e in registered_endpoints()}
         self._span_attributes = {name: span_attributes(e.url) for name, (e, _) in self._signers.items()}
         # identity: the body read is the body sent, never a small compressed answer that unpacks to megabytes
-        self._client = httpx.AsyncClient(
-            follow_redirects=False, timeout=self.request_seconds, headers={"accept-encoding": "identity"}
+        self._client = with_quick_idle_check(
+            httpx.AsyncClient(
+                follow_redirects=False, timeout=self.request_seconds, headers={"accept-encoding": "identity"}
+            )
         )
 
     @property
@@ -142,8 +146,7 @@ class WebhookAdapter:
                 f"endpoint: {definition.endpoint} was registered after the adapter was built; it has no secret"
             )
         endpoint, endpoint_signers = found
-        async with self._engine.connect() as conn:
-            rows = await definition.rows_async(conn, event)
+        rows = await definition.rows_from(self._engine, event)
         try:
             data = definition.compose(event, rows)
         except Exception as error:  # the application's compose: nothing was sent

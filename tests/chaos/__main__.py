@@ -1,5 +1,5 @@
-"""`python -m tests.chaos --seed N --minutes M [--pooler transaction|session] [--json out.json]`: one chaos run,
-its report on stdout."""
+"""`python -m tests.chaos --seed N --minutes M [--pooler transaction|session | --cells 3] [--json out.json]`: one
+chaos run, its report on stdout."""
 
 from __future__ import annotations
 
@@ -31,6 +31,13 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="executors reach PostgreSQL through a PgBouncer in this pool mode",
     )
+    parser.add_argument(
+        "--cells",
+        type=int,
+        choices=range(2, 4),
+        default=0,
+        help="this many cells, each its own PostgreSQL server, drained by executors that run outbox run --all-cells",
+    )
     parser.add_argument("--work-dir", type=Path, default=None, help="journals and executor logs (kept)")
     parser.add_argument("--json", type=Path, default=None, help="also write the report as JSON")
     args = parser.parse_args(argv)
@@ -41,6 +48,7 @@ def main(argv: list[str] | None = None) -> int:
         mean_fault_gap=args.fault_gap,
         server_url=os.environ.get("OUTBOX_CHAOS_DATABASE_URL"),
         pooler=args.pooler,
+        cells=args.cells,
         work_dir=args.work_dir,
         log=lambda line: print(line, file=sys.stderr, flush=True),
     )

@@ -6,6 +6,8 @@
     WEBHOOK        ─▶ the real WebhookAdapter (examples.accounts webhooks: ACCOUNTS_ALERTS_WEBHOOK_URL, the
                       runner's relay to its receiver process; OUTBOX_WEBHOOK_SECRET_ALERTS)
     NATS_EVENT     ─▶ the real NatsAdapter (examples.accounts events: OUTBOX_NATS_URL, the runner's nats-server)
+    SLACK_MESSAGE, GITHUB_POST, GITLAB_POST ─▶ the real Slack, GitHub and GitLab adapters, the workspace, account
+                      and host of the run at the runner's local APIs (tests.chaos.posts: OUTBOX_CHAOS_*_URL)
 
 Each is wrapped by a journal: one JSON line per attempt start and end (action, epoch, attempt, whether the
 claim found an earlier write, the result and a Done's reference, whether the attempt returned past its
@@ -23,12 +25,13 @@ after `window.check()` passed and before the provider write: the one case no fen
 sees the stopped process, keeps it stopped past its lease and window, then wakes it; the write then
 happens late, and is counted apart.
 
-A WEBHOOK or NATS_EVENT action whose idempotency key is a line of the file OUTBOX_CHAOS_BRINKS freezes its
-process (SIGSTOP) right after the provider accepted it (the real adapter returned Done) and before the
-executor records the result: the case read-back exists for. The runner sees the stopped process, takes the
-key out of the file, then SIGKILLs the process or keeps it stopped past its lease and wakes it; the next
-claim must find the effect (NATS: by the event's subject, past the stream's duplicate window; webhook: the
-receiver holds the webhook-id and answers without a second effect).
+A WEBHOOK, NATS_EVENT, SLACK_MESSAGE, GITHUB_POST or GITLAB_POST action whose idempotency key is a line of the
+file OUTBOX_CHAOS_BRINKS freezes its process (SIGSTOP) right after the provider accepted it (the real adapter
+returned Done) and before the executor records the result: the case read-back exists for. The runner sees the
+stopped process, takes the key out of the file, then SIGKILLs the process or keeps it stopped past its lease and
+wakes it; the next claim must find the effect (NATS: by the event's subject, past the stream's duplicate window;
+webhook: the receiver holds the webhook-id and answers without a second effect; Slack, GitHub, GitLab: read back
+by the post's marker).
 """
 
 from __future__ import annotations
@@ -49,13 +52,17 @@ from examples.accounts import events, notices, webhooks
 from outbox.email import email_adapters
 from outbox.executor import ActionAdapter, ActionAttempt, Done, Result, Retry, Uncertain
 from outbox.executor.results import result_name
+from outbox.github import github_adapters
+from outbox.gitlab import gitlab_adapters
 from outbox.kinds import ActionKind
 from outbox.nats import nats_adapters
+from outbox.slack import slack_adapters
 from outbox.webhook import WebhookAdapter
 from tests import kinds
+from tests.chaos import posts
 
 # the kinds whose brink comes after the provider accepted (the keys in OUTBOX_CHAOS_BRINKS)
-AFTER_ACCEPT = ("WEBHOOK", "NATS_EVENT")
+AFTER_ACCEPT = ("WEBHOOK", "NATS_EVENT", *posts.KINDS)
 
 PROVIDER_TABLE = """
 CREATE TABLE IF NOT EXISTS chaos_provider_write (
@@ -223,22 +230,37 @@ class ReadbackAdapter:
         return Uncertain(f"the provider could not be read after {type(error.orig).__name__}")
 
 
+_SKEWED: list[bool] = []  # the clock was skewed (once per process: `outbox run --all-cells` calls adapters per cell)
+
+
 def _skew_clock() -> None:
     skew = float(os.environ.get("OUTBOX_TEST_CLOCK_SKEW_SECONDS", "0"))
-    if skew:
+    if skew and not _SKEWED:
+        _SKEWED.append(True)
         real_time = time.time
         time.time = lambda: real_time() + skew
 
 
+def _provider_url(engine: AsyncEngine) -> str | None:
+    """The read-back provider of `engine`'s database: OUTBOX_CHAOS_PROVIDER_URL, or in a cells run the URL
+    OUTBOX_CHAOS_PROVIDER_URLS gives for the cell's database name (each cell's provider is its own)."""
+    by_database = os.environ.get("OUTBOX_CHAOS_PROVIDER_URLS")
+    if by_database:
+        return str(json.loads(by_database)[engine.url.database])
+    return os.environ.get("OUTBOX_CHAOS_PROVIDER_URL")
+
+
 def adapters(engine: AsyncEngine) -> list[ActionAdapter]:
     """The chaos executor's adapters: EMAIL (the example notices), TEST_READBACK, WEBHOOK and NATS_EVENT (the
-    example's alert webhook and event), each journaled."""
+    example's alert webhook and event), SLACK_MESSAGE, GITHUB_POST and GITLAB_POST, each journaled. With
+    `--all-cells`, called once per cell: the cells' adapters append to one journal (a cell's action ids are
+    its own range, tests.chaos.records.CELL_ID_STRIDE)."""
     assert notices.WORKSPACE_ALERT and notices.VERIFY_ADDRESS and webhooks.ALERT_RAISED and events.ALERT_EVENT
     _skew_clock()
     journal = Journal(os.environ.get("OUTBOX_CHAOS_JOURNAL"))
     # the provider is another system than the outbox's database: OUTBOX_CHAOS_PROVIDER_URL, when given,
     # reaches it directly, so a network fault between the executor and its database spares it
-    provider_url = os.environ.get("OUTBOX_CHAOS_PROVIDER_URL")
+    provider_url = _provider_url(engine)
     provider = create_async_engine(
         provider_url or engine.url,
         pool_size=4,
@@ -247,9 +269,11 @@ def adapters(engine: AsyncEngine) -> list[ActionAdapter]:
         connect_args={"application_name": "chaos-provider"},
     )
     brinks = os.environ.get("OUTBOX_CHAOS_BRINKS")
+    posts.register(os.environ[posts.NAME_VARIABLE], posts.urls_from_environment())
     return [
         Journaled(email_adapters(engine)[0], journal),
         Journaled(ReadbackAdapter(provider, journal), journal),
         Journaled(WebhookAdapter(engine), journal, brinks),
         Journaled(nats_adapters(engine)[0], journal, brinks),
+        *(Journaled(made(engine)[0], journal, brinks) for made in (slack_adapters, github_adapters, gitlab_adapters)),
     ]

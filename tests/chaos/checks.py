@@ -1,6 +1,6 @@
 """The invariants of a chaos run, checked once its executors stopped, from the relay's messages, the read-back
-provider's writes, the NATS stream's messages, the webhook receiver's journal, the executors' journals, the
-metrics and the database.
+provider's writes, the NATS stream's messages, the webhook receiver's journal, the Slack, GitHub and GitLab
+APIs' stores, the executors' journals, the metrics and the database.
 
 `check` gathers the evidence once (`gather`), then each `check_*` function checks one invariant, or one
 family of them, and records what it finds in the report: breaches (`Report.breach`) and the counts the
@@ -17,6 +17,7 @@ import json
 import re
 from collections import Counter, defaultdict
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -25,11 +26,16 @@ from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import Engine, text
 
 from outbox.email import message_id
+from outbox.github import marker as github_marker
+from outbox.github.readback import SINCE_MARGIN as GITHUB_MARGIN
+from outbox.gitlab import marker as gitlab_marker
+from outbox.gitlab.readback import SINCE_MARGIN as GITLAB_MARGIN
 from outbox.metrics.exporter import registry_for
 from outbox.nats import event_token
+from outbox.slack import message_marker
 from outbox.webhook import webhook_id
 from tests import kinds
-from tests.chaos import journal
+from tests.chaos import journal, posts
 from tests.chaos.providers import StreamMessage
 from tests.chaos.records import ENDED_STATES, SENDER_DOMAIN, Erasure, Planned
 from tests.chaos.report import Report
@@ -67,7 +73,7 @@ class Evidence:
     deliveries: dict[str, list[Received]]  # the relay's messages, by Message-ID
     journals: list[Path]
     unexpected_exits: list[str]
-    engine: Engine
+    engines: list[Engine]  # the one database's, or every cell's
     freezes: dict[int, list[list[float]]]  # by pid: when a fault or a brink froze it, [start, end] epoch seconds
     journal_pids: dict[str, int]  # by journal file name: the process that wrote it
     stream: list[StreamMessage]  # every message of the NATS stream, in sequence order
@@ -75,6 +81,8 @@ class Evidence:
     nats_events: dict[str, Planned]  # the NATS_EVENT actions, by their event's id (the Nats-Msg-Id)
     effects: dict[str, dict[str, Any]]  # the webhook receiver's journal: webhook-id -> body, deliveries, receiver id
     hooks: dict[str, Planned]  # the WEBHOOK actions, by webhook-id
+    stored_posts: dict[str, list[posts.Stored]]  # by kind: every post the Slack, GitHub and GitLab stores hold
+    post_plans: dict[str, Planned]  # their actions, by the marker each of their posts carries
     may_have_fenced: set[int]  # the actions an attempt fenced, or may have (it never ended: killed)
     ends: list[dict[str, Any]]  # every attempt's end in the journals (recorded or not)
 
@@ -111,18 +119,22 @@ def check(chaos: Chaos, report: Report) -> None:
     check_readbacks(evidence, report)
     check_nats(evidence, report)
     check_webhooks(evidence, report)
+    check_posts(evidence, report)
     check_brinks_after_accept(evidence, report)
     check_lanes(evidence, report)
     check_journals(evidence, report)
     check_nothing_lost(evidence, report)
     check_metrics(evidence, report)
-    check_constraints(evidence.engine, report)
+    for engine in evidence.engines:
+        check_constraints(engine, report)
+    check_per_cell(evidence, report)
     check_executors(evidence, report)
 
 
 def gather(chaos: Chaos, report: Report) -> Evidence:
     """Copy into the report what the run did, and read what the checks need."""
     report.faults = chaos.faults
+    report.cell_faults = dict(chaos.cell_faults)
     report.kills = chaos.kills
     report.brinks = chaos.brinks
     report.partitions = chaos.partitions
@@ -134,20 +146,21 @@ def gather(chaos: Chaos, report: Report) -> Evidence:
         report.enqueued[plan.kind] += 1
         report.enqueued[f"{plan.kind} proposed"] += plan.proposed
         report.enqueued[f"{plan.kind} with expires_at"] += plan.expires
-    engine = chaos.engine
-    with engine.connect() as conn:
-        rows = {
-            r.id: r
-            for r in conn.execute(
-                text("""
-                SELECT id, kind, lane_key, state, stop_reason, due_at > now() AS later, readback_ref, last_error,
-                       extract(epoch FROM ended_at)::float8 AS ended_at
-                  FROM agent_action
-                """)
-            )
-        }
-        writes = list(
-            conn.execute(
+    rows: dict[int, Any] = {}
+    writes: list[Any] = []
+    for cell in chaos.cells:  # a cells run: every cell's (their action ids do not meet)
+        with cell.engine.connect() as conn:
+            rows |= {
+                r.id: r
+                for r in conn.execute(
+                    text("""
+                    SELECT id, kind, lane_key, state, stop_reason, due_at > now() AS later, readback_ref, last_error,
+                           extract(epoch FROM ended_at)::float8 AS ended_at, trace
+                      FROM agent_action
+                    """)
+                )
+            }
+            writes += conn.execute(
                 text("""
                 SELECT id, action_id, epoch, lane_key, pid, brink, remaining_before, remaining_after, holder_at_start,
                        holder_at_end, extract(epoch FROM started_at)::float8 AS started_at,
@@ -155,7 +168,6 @@ def gather(chaos: Chaos, report: Report) -> Evidence:
                   FROM chaos_provider_write ORDER BY id
                 """)
             )
-        )
     for row in rows.values():
         if row.stop_reason is not None:
             report.outcomes[(row.kind, row.state, row.stop_reason)] += 1
@@ -188,7 +200,7 @@ def gather(chaos: Chaos, report: Report) -> Evidence:
         deliveries=deliveries,
         journals=sorted(chaos.work_dir.glob("journal-*.jsonl")),
         unexpected_exits=chaos.unexpected_exits,
-        engine=engine,
+        engines=[cell.engine for cell in chaos.cells],
         freezes=chaos.freezes,
         journal_pids=chaos.journal_pids,
         stream=stream,
@@ -196,6 +208,8 @@ def gather(chaos: Chaos, report: Report) -> Evidence:
         nats_events={event_token(p.key): p for p in chaos.planned.values() if p.kind == "NATS_EVENT"},
         effects=chaos.provider.effects(),
         hooks={webhook_id(p.key): p for p in chaos.planned.values() if p.kind == "WEBHOOK"},
+        stored_posts=chaos.apis.stored(),
+        post_plans={post_marker(p): p for p in chaos.planned.values() if p.kind in posts.KINDS},
         may_have_fenced=may_have_fenced,
         ends=ends,
     )
@@ -247,7 +261,7 @@ def check_emails(ev: Evidence, report: Report) -> None:
             )
         on_time = len(got) - len(late)
         if len(got) > 1:
-            report.count("duplicates", bool(late))
+            report.count("duplicates", bool(late), plan.id)
             report.breach("an at-most-once action delivered twice", plan.id, f"{len(got)} messages", bool(late))
         if plan.id in ev.erased:
             erasure, found = ev.erased[plan.id]
@@ -279,7 +293,7 @@ def check_readbacks(ev: Evidence, report: Report) -> None:
                 detail = f"write {w.id} by pid {w.pid}: holder {w.holder_at_start}"
                 report.breach(UNFROZEN_LATE_WRITE, plan.id, detail)
         if len(got) > 1:
-            report.count("duplicates", bool(late))
+            report.count("duplicates", bool(late), plan.id)
             report.breach("a read-back action wrote twice", plan.id, f"{len(got)} writes", bool(late))
         # a write that started while its holder held the action happened on time, even when the rest of the
         # provider call came late (the holder frozen mid-call): that end only counts for the lane's overlaps
@@ -329,7 +343,7 @@ def check_nats(ev: Evidence, report: Report) -> None:
                 detail = f"seq {late[0].seq}, {late[0].at - (end or 0):.1f} s after the end"
                 report.breach("an event stored after its action ended, by no frozen process", plan.id, detail)
         if len(got) > 1:
-            report.count("duplicates", explained)
+            report.count("duplicates", explained, plan.id)
             seqs = ", ".join(str(m.seq) for m in got)
             report.breach("one Nats-Msg-Id stored twice in the stream", plan.id, f"seqs {seqs}", explained)
         _check_effects(ev, report, plan, len(got) - len(late), explained, [m.at for m in got])
@@ -364,6 +378,82 @@ def check_webhooks(ev: Evidence, report: Report) -> None:
             if held is not None and row is not None and row.state == "DONE" and int(held["deliveries"]) > 1:
                 figures["DONE after a second delivery (the receiver absorbed it)"] += 1
             _check_effects(ev, report, plan, 0 if held is None else 1, False, None)
+
+
+def post_marker(plan: Planned) -> str:
+    """The marker every post of a SLACK_MESSAGE, GITHUB_POST or GITLAB_POST action carries."""
+    if plan.kind == "SLACK_MESSAGE":
+        return message_marker(plan.key)
+    return github_marker(plan.key) if plan.kind == "GITHUB_POST" else gitlab_marker(plan.key)
+
+
+def check_posts(ev: Evidence, report: Report) -> None:
+    """SLACK_MESSAGE, GITHUB_POST, GITLAB_POST, every post the three stores hold: each marker an enqueued
+    action's of that kind, at most once (a second post of one action is a duplicate); exactly one for an action
+    ended DONE, at most one for UNCERTAIN or an action still waiting, none for one that never fenced; none stored
+    after its action ended, but by a frozen holder."""
+    for kind in posts.KINDS:
+        figures = report.figures(kind)
+        stored = ev.stored_posts.get(kind, [])
+        by_marker: dict[str, list[posts.Stored]] = defaultdict(list)
+        for post in stored:
+            by_marker[post.marker].append(post)
+        figures["posts in the store"] = len(stored)
+        figures["distinct markers in the store"] = len(by_marker)
+        for zero in ("duplicates", "lane overlaps", "lost"):  # shown when none
+            figures[zero] += 0
+        for mark, found in by_marker.items():
+            plan = ev.post_plans.get(mark)
+            if plan is None or plan.kind != kind:
+                report.breach(f"a post nobody enqueued is in the {kind} store", None, f"{found[0].where}: {mark}")
+        for plan in ev.planned:
+            if plan.kind != kind:
+                continue
+            got = by_marker.get(post_marker(plan), [])
+            end = ev.end_of(plan)
+            late = [p for p in got if end is not None and p.at > end]
+            explained = bool(late) and ev.frozen_before(ev.writers(plan.id), late[0].at, late[-1].at)
+            if late:
+                report.late_writes[f"{kind} stored after its action ended"] += len(late)
+                if not explained:
+                    detail = f"{late[0].where}, {late[0].at - (end or 0):.1f} s after the end"
+                    report.breach("a post stored after its action ended, by no frozen process", plan.id, detail)
+            if len(got) > 1 and not explained and _missed_for_a_clock(ev, plan, got[0]):
+                # not a late write: the read-back looked from after the first post, as its executor's clock told
+                explained = True
+                report.clock_duplicates += 1
+                figures["stored twice: read-back began after the post (a clock ahead)"] += 1
+            elif len(got) > 1:
+                report.count("duplicates", explained, plan.id)
+                figures["duplicates"] += 0 if explained else len(got) - 1
+            if len(got) > 1:
+                where = ", ".join(p.where for p in got)
+                report.breach(f"one {kind} action stored {len(got)} times", plan.id, where, explained)
+            _check_effects(ev, report, plan, len(got) - len(late), explained, [p.at for p in got])
+        ids = {p.id for p in ev.planned if p.kind == kind}
+        for entry in ev.ends:
+            if entry["id"] in ids:
+                figures["attempts Done by a read-back (recorded or not)"] += "read back" in (entry.get("ref") or "")
+
+
+def readback_from(kind: str, trace: object) -> float | None:
+    """Where the kind's read-back begins to look (epoch seconds, its provider's clock), from the `since` (Slack,
+    GitHub) or `first_write` (GitLab) its first attempt noted by its executor's clock; None: not noted."""
+    noted = trace.get("first_write" if kind == "GITLAB_POST" else "since") if isinstance(trace, dict) else None
+    if not isinstance(noted, str):
+        return None
+    if kind == "SLACK_MESSAGE":  # a Slack ts, its margin already taken off
+        return float(noted)
+    margin = GITHUB_MARGIN if kind == "GITHUB_POST" else GITLAB_MARGIN
+    return (datetime.fromisoformat(noted) - margin).timestamp()
+
+
+def _missed_for_a_clock(ev: Evidence, plan: Planned, first: posts.Stored) -> bool:
+    """A post made again because the read-back looked only after the first one: the first attempt's executor
+    noted its `since` by a wall clock ahead of the provider's by more than the read-back's margin."""
+    row = ev.rows.get(plan.id)
+    start = readback_from(plan.kind, row.trace if row is not None else None)
+    return start is not None and start > first.at
 
 
 def _alert_of(body: str) -> str:
@@ -426,12 +516,20 @@ def check_brinks_after_accept(ev: Evidence, report: Report) -> None:
     plans = {p.id: p for p in ev.planned}
     for brink in report.brinks:
         plan = plans.get(brink.action_id or 0)
-        if brink.kind not in ("WEBHOOK", "NATS_EVENT") or plan is None:
+        if brink.kind not in ("WEBHOOK", "NATS_EVENT", *posts.KINDS) or plan is None:
             continue
         row = ev.rows.get(plan.id)
         ref = (row.readback_ref or "") if row is not None else ""
         if brink.kind == "NATS_EVENT":
             found = "read back" in ref and len(ev.stored.get(event_token(plan.key), [])) == 1
+        elif brink.kind in posts.KINDS:
+            held = [p for p in ev.stored_posts.get(brink.kind, []) if p.marker == post_marker(plan)]
+            found = "read back" in ref and len(held) == 1
+            if not found and held and _missed_for_a_clock(ev, plan, held[0]):
+                brink.outcome += "; NOT found: the read-back began after the post (its first attempt's clock ahead)"
+                report.figures(brink.kind)["brinks whose read-back began after the post (a clock ahead)"] += 1
+                report.figures(brink.kind)[f"brinks ended by {brink.ending}"] += 1
+                continue
         else:
             effect = ev.effects.get(webhook_id(plan.key))
             found = bool(ref) and effect is not None and int(effect["deliveries"]) >= 2
@@ -457,6 +555,12 @@ def lane_spans(ev: Evidence) -> dict[str, list[Span]]:
             end = ev.end_of(plan)
             for m in ev.stored.get(event_token(plan.key), []):
                 spans[plan.lane].append((m.at, m.at, plan.id, end is not None and m.at > end, "NATS_EVENT"))
+    for kind in posts.KINDS:  # the moment the API stored each post
+        for post in ev.stored_posts.get(kind, []):
+            found = ev.post_plans.get(post.marker)
+            if found is not None:
+                end = ev.end_of(found)
+                spans[found.lane].append((post.at, post.at, found.id, end is not None and post.at > end, kind))
     return spans
 
 
@@ -468,7 +572,9 @@ def check_lanes(ev: Evidence, report: Report) -> None:
         for span in spans[1:]:
             start, end, action_id, late_write, kind = span
             if start < latest[1]:
-                report.count("overlaps", latest[3] or late_write)
+                report.count("overlaps", latest[3] or late_write, action_id)
+                for one in {kind, latest[4]} & set(posts.KINDS):
+                    report.figures(one)["lane overlaps"] += 0 if latest[3] or late_write else 1
                 detail = f"{lane}: {latest[4]} {latest[2]} and {kind} {action_id}"
                 report.breach("two writes in one lane at once", action_id, detail, latest[3] or late_write)
             if end > latest[1]:
@@ -507,8 +613,30 @@ def check_nothing_lost(ev: Evidence, report: Report) -> None:
             report.waiting += 1
             continue
         report.lost.append({"action": plan.id, "kind": plan.kind, "state": row.state, "lane": plan.lane})
+        if plan.kind in posts.KINDS:
+            report.figures(plan.kind)["lost"] += 1
     if report.lost:
         report.breach("actions left neither ended nor legitimately waiting", None, f"{len(report.lost)} actions")
+
+
+def check_per_cell(ev: Evidence, report: Report) -> None:
+    """A cells run: each cell's actions, how they ended, and its duplicates, lane overlaps and lost actions
+    (every breach counted against the cell of its action)."""
+    if not report.cells:
+        return
+    for plan in ev.planned:
+        figures = report.cell_figures(plan.id)
+        figures["actions"] += 1
+        row = ev.rows.get(plan.id)
+        if row is not None and row.ended_at is not None:
+            figures[f"ended {row.state}"] += 1
+        elif plan.id in ev.erased:
+            figures["erased"] += 1
+    for lost in report.lost:
+        report.cell_figures(lost["action"])["lost"] += 1
+    for breach in report.unexplained:
+        if breach["action"] is not None:
+            report.cell_figures(breach["action"])["breaches not explained by a late write"] += 1
 
 
 def check_executors(ev: Evidence, report: Report) -> None:
@@ -522,11 +650,12 @@ def check_executors(ev: Evidence, report: Report) -> None:
 def check_metrics(ev: Evidence, report: Report) -> None:
     """action_ended_total equals the ended rows (plus those an erasure deleted after they ended); the
     recorded attempts that end an action equal the actions they ended."""
-    samples: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
-    exposition = generate_latest(registry_for(ev.engine, cache_seconds=0)).decode()
-    for family in text_string_to_metric_families(exposition):
-        for s in family.samples:
-            samples[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    samples: dict[tuple[str, tuple[tuple[str, str], ...]], float] = defaultdict(float)
+    for engine in ev.engines:  # a cells run: every cell's counters, summed
+        exposition = generate_latest(registry_for(engine, cache_seconds=0)).decode()
+        for family in text_string_to_metric_families(exposition):
+            for s in family.samples:
+                samples[(s.name, tuple(sorted(s.labels.items())))] += s.value
     ended: Counter[tuple[str, str, str]] = Counter()
     for row in ev.rows.values():
         if row.stop_reason is not None:
@@ -555,7 +684,7 @@ def check_metrics(ev: Evidence, report: Report) -> None:
         "CANCELLED": [("CANCELLED", "NOT_WANTED")],
         "UNCERTAIN": [("UNCERTAIN", "PROVIDER_UNCERTAIN"), ("UNCERTAIN", "ERROR_AFTER_WRITE")],
     }
-    for kind in (kinds.READBACK.name, "EMAIL", "WEBHOOK", "NATS_EVENT"):
+    for kind in (kinds.READBACK.name, "EMAIL", "WEBHOOK", "NATS_EVENT", *posts.KINDS):
         for result, reasons in by_result.items():
             want = sum(ended.get((kind, state, reason), 0) for state, reason in reasons)
             got = attempts.get((kind, result, "true"), 0)

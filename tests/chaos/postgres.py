@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -33,13 +34,37 @@ class OwnPostgres:
         if self.user is not None:
             shutil.chown(self.data, self.user, self.user)
         self._run("initdb", "-D", str(self.data), "-U", "postgres", "--auth=trust", "--encoding=utf8", "--no-sync")
-        options = (
+        self.options = (
             f"-p {self.port} -h 127.0.0.1 -k {self.data} -c max_connections=200 -c fsync=off"
             " -c full_page_writes=off -c shared_buffers=64MB"
         )
-        log = str(self.data / "log")
-        self._run("pg_ctl", "-D", str(self.data), "-w", "-t", "60", "-l", log, "-o", options, "start")
+        self.start()
         self.url = f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/postgres"
+
+    def start(self) -> None:
+        log = str(self.data / "log")
+        self._run("pg_ctl", "-D", str(self.data), "-w", "-t", "60", "-l", log, "-o", self.options, "start")
+
+    def postmaster_pid(self) -> int:
+        """The running postmaster's PID, from its postmaster.pid."""
+        return int((self.data / "postmaster.pid").read_text().split()[0])
+
+    def kill_and_start(self, down_seconds: float) -> float:
+        """SIGKILL the postmaster (a primary's crash: no shutdown, its backends orphaned), leave it down for
+        `down_seconds`, then start it again (crash recovery); returns the seconds from the kill to a server
+        that accepts connections. A start refused while the orphaned backends still hold the old shared memory
+        is asked again."""
+        killed = time.monotonic()
+        os.kill(self.postmaster_pid(), signal.SIGKILL)
+        time.sleep(down_seconds)
+        while True:
+            try:
+                self.start()
+                return time.monotonic() - killed
+            except RuntimeError:
+                if time.monotonic() - killed > 120:
+                    raise
+                time.sleep(0.5)
 
     def _run(self, program: str, *args: str) -> None:
         run_program(self.bin, program, *args, user=self.user, cwd=self.root)
@@ -49,6 +74,10 @@ class OwnPostgres:
         started = time.monotonic()
         self._run("pg_ctl", "-D", str(self.data), "-w", "-t", "60", "-m", mode, "restart")
         return time.monotonic() - started
+
+    def halt(self, mode: str) -> None:
+        """Stop the server (`fast`, `smart` or `immediate`), keeping its files: `start` brings it back."""
+        self._run("pg_ctl", "-D", str(self.data), "-w", "-t", "60", "-m", mode, "stop")
 
     def stop(self) -> None:
         """Stop the server (pg_ctl signals the postmaster's PID) and remove its files."""

@@ -10,7 +10,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from sqlalchemy import Engine
+
     from tests.chaos.netrelay import NetRelay
+    from tests.chaos.postgres import OwnPostgres
 
 SENDER_DOMAIN = "example.com"
 ENDED_STATES = ("DONE", "UNCERTAIN", "FAILED", "CANCELLED")
@@ -29,12 +32,39 @@ class ChaosConfig:
     settle_seconds: float = 360.0  # the most a run waits for the store to settle after the faults
     server_url: str | None = None  # an existing server's maintenance database; None: our own, restartable
     pooler: str | None = None  # None, or PgBouncer's pool mode ("transaction", "session") between relays and server
+    # 0: one database; else this many cells (tests.chaos.records.CELL_NAMES), each a PostgreSQL server of its own
+    # (on server_url: a database each), drained by executors that run `outbox run --all-cells`
+    cells: int = 0
     work_dir: Path | None = None
     log: Callable[[str], None] = print
 
     @property
     def seconds(self) -> float:
         return self.minutes * 60
+
+
+# the cells of a cells run, in the cells file's order; a cell's action ids start at its index times CELL_ID_STRIDE
+# (+1), so that an id names its cell in the journals, the providers' records and the report
+CELL_NAMES = ("eu", "us", "ap")
+CELL_ID_STRIDE = 1_000_000_000
+
+
+@dataclass
+class CellDb:
+    """One database of the run: the only one (name None), or a cell's."""
+
+    name: str | None
+    index: int
+    own: OwnPostgres | None  # its own server, which the run may restart or kill
+    server: str  # the server's maintenance database
+    db_name: str
+    url: str  # the database, reached directly
+    engine: Engine  # the runner's connections (the application's side)
+    direct: tuple[str, int]  # where its executors' relays forward to
+
+    @property
+    def label(self) -> str:
+        return self.name or "the database"
 
 
 @dataclass

@@ -36,6 +36,9 @@ class Report:
     duplicates: int = 0
     overlaps: int = 0
     late_duplicates: int = 0
+    # a post made again because its read-back looked only after the first one: the first attempt's executor
+    # clock ran ahead of the provider's by more than the read-back's margin (explained, counted apart)
+    clock_duplicates: int = 0
     late_overlaps: int = 0
     unexpected_exits: list[str] = field(default_factory=list)
     stop_codes: list[int | None] = field(default_factory=list)
@@ -49,14 +52,27 @@ class Report:
     # WEBHOOK and NATS_EVENT: figures per kind, and why actions ended UNCERTAIN or FAILED (kind, state, reason)
     by_kind: dict[str, Counter[str]] = field(default_factory=dict)
     reasons: Counter[tuple[str, str, str]] = field(default_factory=Counter)
+    # a cells run: each cell's name and the first of its action ids, in order; its figures and faults by name
+    cells: list[tuple[str, int]] = field(default_factory=list)
+    by_cell: dict[str, Counter[str]] = field(default_factory=dict)
+    cell_faults: dict[str, Counter[str]] = field(default_factory=dict)
 
     def breach(self, invariant: str, action_id: int | None, detail: str, late: bool = False) -> None:
         """An invariant found broken; `late`: explained by a late write (the case no fence can stop)."""
         self.breaches.append({"invariant": invariant, "action": action_id, "detail": detail, "late": late})
 
-    def count(self, what: str, late: bool) -> None:
+    def count(self, what: str, late: bool, action_id: int | None = None) -> None:
         name = f"late_{what}" if late else what
         setattr(self, name, getattr(self, name) + 1)
+        if self.cells and action_id is not None:
+            self.cell_figures(action_id)[name] += 1
+
+    def cell_of(self, action_id: int) -> str:
+        """The cell that holds the action (a cells run)."""
+        return [name for name, first in self.cells if action_id > first][-1]
+
+    def cell_figures(self, action_id: int) -> Counter[str]:
+        return self.by_cell.setdefault(self.cell_of(action_id), Counter())
 
     def figures(self, kind: str) -> Counter[str]:
         """The figures of one kind's provider (WEBHOOK, NATS_EVENT), made on first use."""
@@ -102,6 +118,8 @@ def render(report: Report) -> str:
         f"| duplicates (must be 0) | {report.duplicates} |",
         f"| lane overlaps (must be 0) | {report.overlaps} |",
         f"| duplicates caused by a late write (the unfenceable case) | {report.late_duplicates} |",
+        "| duplicates after a read-back that began after the post (the first attempt's executor clock ahead of"
+        f" the provider's by more than the read-back's margin) | {report.clock_duplicates} |",
         f"| lane overlaps caused by a late write | {report.late_overlaps} |",
         f"| lost actions (must be 0) | {len(report.lost)} |",
         f"| actions legitimately waiting (parked proposals, backoff) | {report.waiting} |",
@@ -120,6 +138,7 @@ def render(report: Report) -> str:
         f" Restart to first heartbeat: p50 {percentile(beats, 0.5):.1f} s, max {max(beats, default=0):.1f} s"
         " (no fault stops or cuts off a process before its first heartbeat).",
     ]
+    lines += cell_lines(report)
     lines += provider_lines(report)
     lines += partition_lines(report.partitions)
     enqueues = report.enqueue_seconds
@@ -129,7 +148,8 @@ def render(report: Report) -> str:
         f" max {max(enqueues, default=0):.2f} s."
     )
     if report.pg_restarts:
-        lines.append("PostgreSQL restarts took " + ", ".join(f"{s:.1f} s" for s in report.pg_restarts) + ".")
+        restarts = ", ".join(f"{s:.1f} s" for s in report.pg_restarts)
+        lines.append(f"PostgreSQL restarts (and cell primaries SIGKILLed: the kill to a server up) took {restarts}.")
     lines += [
         "",
         "| kill | at (s) | executor | held | restart to beat (s) | recovered after (s) |",
@@ -157,11 +177,41 @@ def render(report: Report) -> str:
     return "\n".join(lines)
 
 
+def cell_lines(report: Report) -> list[str]:
+    """A cells run: per cell, its actions and how they ended, the invariants (each must be 0), and the faults its
+    database took."""
+    if not report.cells:
+        return []
+    names = [name for name, _ in report.cells]
+    rows = [
+        ("actions enqueued", "actions"),
+        ("ended DONE", "ended DONE"),
+        ("ended UNCERTAIN", "ended UNCERTAIN"),
+        ("ended FAILED", "ended FAILED"),
+        ("ended CANCELLED", "ended CANCELLED"),
+        ("erased", "erased"),
+        ("duplicates (must be 0)", "duplicates"),
+        ("lane overlaps (must be 0)", "overlaps"),
+        ("lost (must be 0)", "lost"),
+        ("breaches not explained by a late write (must be 0)", "breaches not explained by a late write"),
+        ("duplicates caused by a late write", "late_duplicates"),
+        ("lane overlaps caused by a late write", "late_overlaps"),
+    ]
+    lines = ["", "| per cell | " + " | ".join(names) + " |", "| --- |" + " ---: |" * len(names)]
+    for label, key in rows:
+        lines.append(f"| {label} | " + " | ".join(str(report.by_cell.get(n, Counter())[key]) for n in names) + " |")
+    faults = sorted({fault for counts in report.cell_faults.values() for fault in counts})
+    for fault in faults:
+        counts = (str(report.cell_faults.get(n, Counter())[fault]) for n in names)
+        lines.append(f"| fault: {fault} | " + " | ".join(counts) + " |")
+    return lines
+
+
 def provider_lines(report: Report) -> list[str]:
-    """WEBHOOK and NATS_EVENT: what each kind's provider holds, the read-backs, the brinks, and why actions
-    ended UNCERTAIN or FAILED."""
+    """WEBHOOK, NATS_EVENT, SLACK_MESSAGE, GITHUB_POST, GITLAB_POST: what each kind's provider holds, the
+    read-backs, the brinks, and why actions ended UNCERTAIN or FAILED."""
     lines: list[str] = []
-    for kind in ("WEBHOOK", "NATS_EVENT"):
+    for kind in ("WEBHOOK", "NATS_EVENT", "SLACK_MESSAGE", "GITHUB_POST", "GITLAB_POST"):
         figures = report.by_kind.get(kind)
         if not figures:
             continue

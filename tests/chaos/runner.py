@@ -12,6 +12,12 @@ fault isolates one executor while the others carry on; the runner's own connecti
     its read-back provider, the runner (enqueue, faults, checks) ─▶ PostgreSQL
     its WEBHOOK adapter ─▶ the webhook relay ─▶ the receiver process; its NATS_EVENT adapter ─▶ nats-server
                            (tests.chaos.providers; the runner kills both providers and cuts the relay)
+    its SLACK_MESSAGE, GITHUB_POST, GITLAB_POST adapters ─▶ the local Slack, GitHub, GitLab API processes
+                           (tests.chaos.posts; the runner scripts their answers, kills and restarts them)
+
+    a cells run (config.cells): executor slot i (`outbox run --all-cells`) ─▶ NetRelay i,c ─▶ cell c's server,
+    for each cell c; the runner enqueues each action in its lane's cell (cell_of_lane) and reads an action in
+    the cell its id names (cell_of_id)
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import dataclasses
 import functools
 import heapq
 import itertools
+import json
 import math
 import os
 import queue
@@ -29,13 +36,14 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections import Counter
+import zlib
+from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, ClassVar
 
-from sqlalchemy import Connection, create_engine, text
+from sqlalchemy import Connection, Engine, create_engine, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, OperationalError
 
@@ -46,20 +54,28 @@ from outbox import migrate
 from outbox.db import psycopg_url
 from outbox.erasure import erase_account
 from outbox.errors import InvalidRequest, OutboxError
+from outbox.github import comment_request
+from outbox.github import issue_request as github_issue
+from outbox.gitlab import issue_request as gitlab_issue
+from outbox.gitlab import note_request
 from outbox.nats import enqueue_event
+from outbox.slack import slack_message
 from outbox.testing import install_kinds
 from outbox.webhook import enqueue_webhook
 from tests import kinds
-from tests.chaos import journal
+from tests.chaos import journal, posts
 from tests.chaos.adapters import AFTER_ACCEPT, PROVIDER_TABLE
 from tests.chaos.checks import check
 from tests.chaos.netrelay import NetRelay
 from tests.chaos.postgres import OwnPostgres
 from tests.chaos.providers import Providers
 from tests.chaos.records import (
+    CELL_ID_STRIDE,
+    CELL_NAMES,
     ENDED_STATES,
     SENDER_DOMAIN,
     Brink,
+    CellDb,
     ChaosConfig,
     Erasure,
     Kill,
@@ -98,6 +114,10 @@ def retrying(what: str, action: Callable[[], Any], errors: Counter[str], timeout
 SKEWS = [0.0, 0.0, 6 * HOUR, -6 * HOUR]
 RESTART_SKEWS = [0.0, 0.0, 3 * HOUR, -3 * HOUR, 6 * HOUR, -6 * HOUR, 26 * HOUR]
 
+# the faults of each of the Slack, GitHub and GitLab APIs (Chaos._post_fault), by weight
+POST_FAULTS = {"answers lost after the write": 4, "SIGKILL": 2, "rate limit": 3}
+POST_FAULT_GAP = 5.0  # seconds between two of them, on average (exponential)
+
 
 # ---- the run ------------------------------------------------------------------------------------------------
 
@@ -106,13 +126,16 @@ class Chaos:
     def __init__(self, config: ChaosConfig) -> None:
         self.config = config
         self.rng = random.Random(config.seed)
+        self.post_rng = random.Random(config.seed * 104729 + 3)  # the Slack, GitHub and GitLab APIs' faults
         self.work_rng = random.Random(config.seed * 7919 + 1)
         self.log = config.log
         self.t0 = time.monotonic()
         self.work_dir = config.work_dir or Path(tempfile.mkdtemp(prefix=f"outbox-chaos-{config.seed}-"))
         self.work_dir.mkdir(parents=True, exist_ok=True)
-        self.own: OwnPostgres | None = None
+        self.cells: list[CellDb] = []  # the one database, or the cells (config.cells)
+        self.cells_file = self.work_dir / "cells.toml"
         self.providers: Providers | None = None
+        self.posts: posts.PostProviders | None = None
         self.brink_file = self.work_dir / "brinks.txt"  # the keys of WEBHOOK and NATS_EVENT brinks, armed
         self.brink_keys: dict[str, tuple[str, float]] = {}  # armed: key -> its kind, when armed
         self.brinks_of_kind: Counter[str] = Counter()
@@ -143,55 +166,106 @@ class Chaos:
         self.pg_restarts: list[float] = []
         self.enqueue_seconds: list[float] = []
         self.injecting = True
+        self.cell_faults: dict[str, Counter[str]] = defaultdict(Counter)  # the database faults, by cell
 
     # ---- set-up ----
 
     def now(self) -> float:
         return time.monotonic() - self.t0
 
-    def set_up(self) -> None:
+    @property
+    def own(self) -> OwnPostgres | None:
+        """The one database's own server (a single-database run)."""
+        return self.cells[0].own if self.cells else None
+
+    @property
+    def engine(self) -> Engine:
+        """The one database's engine (a single-database run; a cells run asks `cell_of_id` or `cell_of_lane`)."""
+        return self.cells[0].engine
+
+    @property
+    def url(self) -> str:
+        return self.cells[0].url
+
+    @property
+    def restartable(self) -> list[CellDb]:
+        return [cell for cell in self.cells if cell.own is not None]
+
+    def cell_of_id(self, action_id: int) -> CellDb:
+        return self.cells[min(action_id // CELL_ID_STRIDE, len(self.cells) - 1)]
+
+    def cell_of_lane(self, lane: str) -> CellDb:
+        """A lane lives in one cell (an application routes its data, and the actions with it, by a key of its
+        own): here by the lane key's CRC-32."""
+        return self.cells[zlib.crc32(lane.encode()) % len(self.cells)]
+
+    def _database(self, index: int, name: str | None) -> CellDb:
+        """A fresh database with the outbox schema, the example application's tables and data, the read-back
+        provider's table: on a server of its own (or on server_url's); a cell's ids start at its stride."""
         config = self.config
+        own = None
         if config.server_url is None:
-            self.own = OwnPostgres()
-            server = self.own.url
+            own = OwnPostgres()
+            server = own.url
         else:
             server = psycopg_url(config.server_url)
-        self.db_name = f"outbox_chaos_{config.seed}_{os.getpid()}"
+        db_name = f"outbox_chaos_{config.seed}_{os.getpid()}" + (f"_{name}" if name else "")
         admin = create_engine(server, isolation_level="AUTOCOMMIT")
         with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{self.db_name}" WITH (FORCE)'))
-            conn.execute(text(f'CREATE DATABASE "{self.db_name}"'))
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{db_name}" WITH (FORCE)'))
+            conn.execute(text(f'CREATE DATABASE "{db_name}"'))
             self.postgres = str(conn.execute(text("SHOW server_version")).scalar_one())
         admin.dispose()
-        self.server = server
-        self.url = make_url(server).set(database=self.db_name).render_as_string(hide_password=False)
+        url = make_url(server).set(database=db_name).render_as_string(hide_password=False)
         # an application's connections: a lock wait past 30 s is reported (and retried), never endless
-        self.engine = create_engine(
-            self.url,
+        engine = create_engine(
+            url,
             pool_pre_ping=True,
             pool_size=3,
             connect_args={"application_name": "chaos-driver", "options": "-c lock_timeout=30s"},
         )
-        with self.engine.begin() as conn:
+        with engine.begin() as conn:
             migrate.upgrade(conn)
             install_kinds(conn, kinds.ALL)
             schema.create(conn)
             conn.execute(text(PROVIDER_TABLE))
             self._app_data(conn)
+            if index:
+                first = index * CELL_ID_STRIDE + 1
+                conn.execute(text(f"ALTER TABLE agent_action ALTER COLUMN id RESTART WITH {first}"))
+        parsed = make_url(server)
+        socket_dir = parsed.query.get("host")
+        direct = (socket_dir if isinstance(socket_dir, str) else parsed.host or "127.0.0.1", parsed.port or 5432)
+        return CellDb(name, index, own, server, db_name, url, engine, direct)
+
+    def set_up(self) -> None:
+        config = self.config
+        if config.cells and config.pooler is not None:
+            raise ValueError("a cells run reaches each cell directly: no --pooler")
+        names: tuple[str | None, ...] = CELL_NAMES[: config.cells] if config.cells else (None,)
+        for index, name in enumerate(names):
+            self.cells.append(self._database(index, name))
+        if config.cells:
+            self.cells_file.write_text(
+                "".join(f'[cells.{c.name}]\ndatabase_url_variable = "{_cell_variable(c)}"\n\n' for c in self.cells)
+            )
         self.sink = SmtpSink(seed=config.seed)
         self.sink.on_rcpt = self._on_rcpt
         self.sink.start()
         self.providers = Providers(self.work_dir, config.seed, config.nats_duplicate_window)
+        self.posts = posts.PostProviders(self.work_dir)
+        posts.register(self.posts.name, self.posts.urls())
         self.brink_file.write_text("")
-        parsed = make_url(server)
-        socket_dir = parsed.query.get("host")
-        direct = (socket_dir if isinstance(socket_dir, str) else parsed.host or "127.0.0.1", parsed.port or 5432)
+        direct = self.cells[0].direct
         target = direct
         if config.pooler is not None:
-            self.pooler = PgBouncer(server, config.pooler, pool_size=20)
+            self.pooler = PgBouncer(self.cells[0].server, config.pooler, pool_size=20)
             target = ("127.0.0.1", self.pooler.port)
         self.slots = [Slot(i, SKEWS[i % len(SKEWS)]) for i in range(config.executors)]
         for slot in self.slots:
+            if config.cells:  # a relay per cell: the executor's network to every cell's server
+                slot.relays.extend(NetRelay(*cell.direct) for cell in self.cells)
+                continue
             slot.relays.append(NetRelay(*target))
             if config.pooler == "transaction":  # no LISTEN through a transaction pooler: its own connection
                 slot.relays.append(NetRelay(*direct))
@@ -227,8 +301,7 @@ class Chaos:
         slot.journal = self.work_dir / f"journal-{slot.index}-{slot.incarnation}.jsonl"
         env = {
             **os.environ,
-            "OUTBOX_DATABASE_URL": self._url_through(slot.relays[0]),
-            "OUTBOX_CHAOS_PROVIDER_URL": self.url,  # the provider is another system: a partition spares it
+            **self._databases_env(slot),
             "OUTBOX_SMTP_HOST": "127.0.0.1",
             "OUTBOX_SMTP_PORT": str(self.sink.port),
             "OUTBOX_SMTP_SENDER": f"outbox@{SENDER_DOMAIN}",
@@ -238,12 +311,14 @@ class Chaos:
             "OUTBOX_CHAOS_JOURNAL": str(slot.journal),
             "OUTBOX_CHAOS_BRINKS": str(self.brink_file),
             **self.provider.env(),
+            **self.apis.env(),
             "PYTHONPATH": str(ROOT),
         }
-        if len(slot.relays) > 1:
+        if len(slot.relays) > 1 and not self.config.cells:
             env["OUTBOX_LISTEN_DATABASE_URL"] = self._url_through(slot.relays[1])
         log = open(self._log_of(slot), "wb")  # noqa: SIM115
         args = ["run", "--adapters", "tests.chaos.adapters:adapters", "--concurrency", "32"]
+        args += ["--all-cells"] if self.config.cells else []
         args += ["--lease-seconds", str(self.config.lease_seconds)]
         slot.process = subprocess.Popen(
             [sys.executable, "-m", "outbox.cli", *args], env=env, cwd=ROOT, stdout=log, stderr=log
@@ -261,13 +336,29 @@ class Chaos:
         assert self.providers is not None
         return self.providers
 
+    @property
+    def apis(self) -> posts.PostProviders:
+        assert self.posts is not None
+        return self.posts
+
     def _log_of(self, slot: Slot) -> Path:
         return self.work_dir / f"executor-{slot.index}-{slot.incarnation}.log"
 
-    def _url_through(self, relay: NetRelay) -> str:
-        """The run's database, reached through `relay` (and whatever stands behind it)."""
-        url = make_url(self.url).difference_update_query(["host"]).set(host="127.0.0.1", port=relay.port)
-        return url.render_as_string(hide_password=False)
+    def _url_through(self, relay: NetRelay, cell: CellDb | None = None) -> str:
+        """The run's database (or `cell`'s), reached through `relay` (and whatever stands behind it)."""
+        url = make_url((cell or self.cells[0]).url).difference_update_query(["host"])
+        return url.set(host="127.0.0.1", port=relay.port).render_as_string(hide_password=False)
+
+    def _databases_env(self, slot: Slot) -> dict[str, str]:
+        """Where a slot's executor finds its database (or its cells: the cells file, each cell's URL through
+        the slot's relay to it), and its read-back provider: the database itself, reached directly (the
+        provider is another system: a partition spares it), by the database's name in a cells run."""
+        if not self.config.cells:
+            return {"OUTBOX_DATABASE_URL": self._url_through(slot.relays[0]), "OUTBOX_CHAOS_PROVIDER_URL": self.url}
+        env = {_cell_variable(cell): self._url_through(slot.relays[cell.index], cell) for cell in self.cells}
+        env["OUTBOX_CELLS_FILE"] = str(self.cells_file)
+        env["OUTBOX_CHAOS_PROVIDER_URLS"] = json.dumps({cell.db_name: cell.url for cell in self.cells})
+        return env
 
     # ---- the workload ----
 
@@ -280,7 +371,7 @@ class Chaos:
         """Enqueue `request` (or what `submit(conn)` enqueues) after `prepare(conn)`, in one transaction."""
 
         def once() -> Any:
-            with self.engine.begin() as conn:
+            with self.cell_of_lane(plan.lane).engine.begin() as conn:
                 if prepare is not None:
                     prepare(conn)
                 return submit(conn) if submit is not None else outbox.enqueue(conn, request)
@@ -320,6 +411,8 @@ class Chaos:
             self._enqueue_alert_event("WEBHOOK", options)
         elif roll < 0.60:
             self._enqueue_alert_event("NATS_EVENT", options)
+        elif roll < 0.78:
+            self._enqueue_post(posts.KINDS[int((roll - 0.60) / 0.06)], options)
         else:
             self._enqueue_readback(options)
 
@@ -442,6 +535,42 @@ class Chaos:
         if self._enqueue(request, planned, prepare, submit) is not None:
             self._after_enqueue(planned)
 
+    def _enqueue_post(
+        self, kind: str, options: dict[str, Any], *, brink: bool = False, lane: str | None = None
+    ) -> None:
+        """A Slack message to one of a few channels, a GitHub comment on one of a few pull requests (or a new
+        issue), a GitLab note on one of a few merge requests (or a new issue): in its target's lane, or in a
+        lane shared with read-backs."""
+        rng = self.work_rng
+        n, name = next(self.counters), self.apis.name
+        key, text_ = f"{kind.lower()}:{n}", f"chaos post {n}"
+        if lane is None and rng.random() < 0.2:
+            lane = f"rb:hot:{rng.randint(0, 2)}"  # shared with read-backs
+        attempts = options["max_attempts"]
+        if kind == "SLACK_MESSAGE":
+            channel = rng.choice(posts.CHANNELS)
+            request = slack_message(name, channel, text_, idempotency_key=key, max_attempts=attempts)
+        elif kind == "GITHUB_POST" and rng.random() < 0.15:
+            request = github_issue(name, posts.REPO, text_, "body", idempotency_key=key, max_attempts=attempts)
+        elif kind == "GITHUB_POST":
+            number = rng.choice(posts.PULLS)
+            request = comment_request(name, posts.REPO, number, text_, idempotency_key=key, max_attempts=attempts)
+        elif rng.random() < 0.15:
+            project = rng.choice(posts.PROJECTS)
+            request = gitlab_issue(name, project, text_, "body", idempotency_key=key, max_attempts=attempts)
+        else:
+            project, iid = rng.choice(posts.PROJECTS), rng.choice(posts.MERGE_REQUESTS)
+            request = note_request(name, project, text_, merge_request=iid, idempotency_key=key, max_attempts=attempts)
+        request = dataclasses.replace(request, lane_key=lane or request.lane_key, **_extra(options))
+        planned = Planned(0, kind, key, request.lane_key, None, brink=brink)
+        planned.proposed = request.proposed
+        planned.expires = request.expires_at is not None
+        if brink:  # armed before any executor can claim it
+            self.brink_keys[key] = (kind, self.now())
+            self._write_brink_keys()
+        if self._enqueue(request, planned) is not None:
+            self._after_enqueue(planned)
+
     def _write_brink_keys(self) -> None:
         partial = self.brink_file.with_name(self.brink_file.name + ".partial")
         partial.write_text("".join(f"{key}\n" for key in sorted(self.brink_keys)))
@@ -455,7 +584,7 @@ class Chaos:
         admit = self.work_rng.random() < 0.8
 
         def once() -> None:
-            with self.engine.begin() as conn:
+            with self.cell_of_id(planned.id).engine.begin() as conn:
                 (outbox.admit if admit else outbox.refuse)(conn, planned.id)
 
         try:
@@ -475,17 +604,19 @@ class Chaos:
                 self._enqueue(request, Planned(0, kinds.READBACK.name, key, lane, None, proposed=proposed, parked=True))
 
     def erase_one(self) -> None:
-        """Erase an account that has actions waiting (an application's erasure: the outbox part of it)."""
-        with self.engine.connect() as conn:
-            candidates = sorted(
-                conn.execute(
+        """Erase an account that has actions waiting (an application's erasure: the outbox part of it); in a
+        cells run, in every cell (its actions' lanes may lie in several)."""
+        candidates: list[int] = []
+        for cell in self.cells:
+            with cell.engine.connect() as conn:
+                candidates += conn.execute(
                     text("""
                     SELECT DISTINCT subject_account_id FROM agent_action
                      WHERE state IN ('PROPOSED', 'ADMITTED', 'EXECUTING') AND subject_account_id IS NOT NULL
                        AND subject_account_id < 9000
                     """)
                 ).scalars()
-            )
+        candidates = sorted(set(candidates))
         # never a brink action's account, so that every brink ends with its effect found or not (an erased
         # brink action leaves no reference, and its provider's faults would wait for it in vain)
         brinks = {plan.account for plan in self.planned.values() if plan.brink}
@@ -494,8 +625,8 @@ class Chaos:
             return
         account = self.work_rng.choice(candidates)
 
-        def once() -> Erasure:
-            with self.engine.begin() as conn:
+        def once(cell: CellDb) -> Erasure:
+            with cell.engine.begin() as conn:
                 rows = conn.execute(
                     text("""
                     SELECT id, kind, state, stop_reason, write_started_at IS NOT NULL AS fenced
@@ -508,8 +639,8 @@ class Chaos:
                 at = float(conn.execute(text("SELECT extract(epoch FROM clock_timestamp())::float8")).scalar_one())
                 return Erasure(account, at, found)
 
-        erasure = retrying("erase", once, self.errors)
-        self.erasures.append(erasure)
+        for cell in self.cells:
+            self.erasures.append(retrying("erase", functools.partial(once, cell), self.errors))
         self.erased_accounts.add(account)
         self.faults["erasure (workload)"] += 1
 
@@ -544,6 +675,7 @@ class Chaos:
         "network blackhole short": 5,
         "SIGSTOP past the lease": 5,
         "network blackhole past the lease": 3,
+        "cell primary SIGKILL": 4,
         "NATS server SIGKILL": 4,
         "webhook relay cut": 5,
         "webhook relay blackhole": 3,
@@ -553,11 +685,21 @@ class Chaos:
 
     def fault_plan(self) -> Iterator[str]:
         """Every kind once (the long pauses last, so a short run still sees kills), then at random by weight."""
-        names = [n for n in self.FAULT_WEIGHTS if self.own is not None or n != "PostgreSQL restart"]
+        names = [n for n in self.FAULT_WEIGHTS if self.restartable or n != "PostgreSQL restart"]
+        names = [n for n in names if (self.config.cells and self.restartable) or n != "cell primary SIGKILL"]
         yield from names
         weights = [self.FAULT_WEIGHTS[n] for n in names]
         while True:
             yield self.rng.choices(names, weights)[0]
+
+    def post_fault_plan(self) -> Iterator[str]:
+        """The Slack, GitHub and GitLab APIs' faults, on a schedule and a random sequence of their own (the
+        plan above stays as it was): every one once, then at random by weight."""
+        names = [f"{posts.LABELS[kind]} {fault}" for fault in POST_FAULTS for kind in posts.KINDS]
+        yield from names
+        weights = [POST_FAULTS[name.partition(" API ")[2]] for name in names]
+        while True:
+            yield self.post_rng.choices(names, weights)[0]
 
     def inject(self, name: str) -> bool:
         """Inject one fault; False when it cannot be now (no executor to spare)."""
@@ -598,7 +740,9 @@ class Chaos:
             name = f"relay throttling: {choice}"
         elif name == "pg_terminate_backend":
             everyone = rng.random() < 0.3
-            with self.engine.connect() as conn:
+            cell = rng.choice(self.cells)
+            self.cell_faults[cell.label][name] += 1
+            with cell.engine.connect() as conn:
                 pids = sorted(
                     conn.execute(
                         text("""
@@ -615,18 +759,31 @@ class Chaos:
         elif name in PROVIDER_FAULTS:
             return self._provider_fault(name)
         elif name == "PostgreSQL restart":
-            assert self.own is not None
+            cell = rng.choice(self.restartable)
+            assert cell.own is not None
             mode = rng.choice(["fast", "immediate"])
-            self.pg_restarts.append(self.own.restart(mode))
-            self.engine.dispose()
+            self.pg_restarts.append(cell.own.restart(mode))
+            cell.engine.dispose()
+            self.cell_faults[cell.label][name] += 1
             name = f"PostgreSQL restart ({mode})"
+        elif name == "cell primary SIGKILL":
+            # a cell's primary crashes: its postmaster SIGKILLed, down a few seconds (the runner, the
+            # application's side, waits meanwhile; the executors carry on with the other cells), then started
+            # again through crash recovery
+            cell = rng.choice(self.restartable)
+            assert cell.own is not None
+            self.pg_restarts.append(cell.own.kill_and_start(rng.uniform(1, 8)))
+            cell.engine.dispose()
+            self.cell_faults[cell.label][name] += 1
         self.faults[name] += 1
         return True
 
     def _provider_fault(self, name: str) -> bool:
         """A fault of the WEBHOOK or NATS_EVENT providers; False when the last one of its kind is not over."""
         providers, rng = self.provider, self.rng
-        if self._armed("NATS_EVENT" if name == "NATS server SIGKILL" else "WEBHOOK"):
+        # a relay blackholed for up to 20 s must be over when a webhook brink's reclaim comes
+        ahead = 25.0 if name == "webhook relay blackhole" else 10.0
+        if self._armed("NATS_EVENT" if name == "NATS server SIGKILL" else "WEBHOOK", ahead):
             return False
         if name == "NATS server SIGKILL":
             if not providers.nats.running():
@@ -652,6 +809,27 @@ class Chaos:
                 return False
             providers.relay.blackhole()
             self.at(rng.uniform(2, 20), providers.relay.pass_)
+        self.faults[name] += 1
+        return True
+
+    def _post_fault(self, name: str) -> bool:
+        """A fault of the Slack, GitHub or GitLab API; False when the last one of its kind is not over."""
+        kind = next(k for k in posts.KINDS if name.startswith(posts.LABELS[k]))
+        api, rng = self.apis.apis[kind], self.rng
+        if self._arming(kind) or not api.running() or api.scripted():
+            return False
+        fault = name.removeprefix(posts.LABELS[kind] + " ")
+        if fault == "SIGKILL":
+            api.kill()
+            self.at(rng.uniform(0.5, 8), api.start)  # same port, same journal
+        elif fault == "answers lost after the write":
+            # the next posts are stored and their answers lost: the connection reset, or a 502
+            lost = [rng.choice(posts.LOST[kind]) for _ in range(rng.randint(1, 3))]
+            api.script_steps(lost)
+            self.faults[f"{name} (posts)"] += len(lost)
+        else:  # a rate limit for a while: every post refused, nothing stored
+            api.script_steps([rng.choice(posts.LIMITED[kind]) for _ in range(500)])
+            self.at(rng.uniform(2, 12), lambda: api.script_steps([]))
         self.faults[name] += 1
         return True
 
@@ -760,6 +938,14 @@ class Chaos:
         self.faults["brink: NATS holder frozen after its PubAck (on purpose)"] += 1
         return True
 
+    def brink_post(self, kind: str) -> bool:
+        api = self.apis.apis[kind]
+        if not api.running() or api.scripted():
+            return False
+        self._enqueue_post(kind, {"max_attempts": 5}, brink=True, lane=f"brink:{kind.lower()}:{next(self.counters)}")
+        self.faults[f"brink: {posts.LABELS[kind]} holder frozen after the post was stored (on purpose)"] += 1
+        return True
+
     def _brink_after_accept(self, kind: str) -> None:
         """An action, in a lane of its own, whose holder freezes once the provider accepted it."""
         lane = f"brink:{kind.lower()}:{next(self.counters)}"
@@ -772,26 +958,34 @@ class Chaos:
             del self.brink_keys[plan.key]
             self._write_brink_keys()
 
-    def _armed(self, kind: str) -> bool:
+    def _armed(self, kind: str, ahead: float = 10.0) -> bool:
         """A brink of `kind` waits for its provider to accept (for a minute at most), then for the next claim
         once the lease expired (until its action ended, a minute at most): its provider's faults wait too, so
         the brink shows the effect found, not a fault's retry (WEBHOOK's second retry waits 5 min)."""
         now, lease = self.now(), self.config.lease_seconds
-        if any(k == kind and now - at < 60 for k, at in self.brink_keys.values()):
+        if self._arming(kind):
             return True
+        # from `ahead` seconds before the lease expires: longer than the fault about to be injected lasts
         reclaims = [
             b.action_id
             for b in self.brinks
-            if b.kind == kind and b.action_id is not None and b.since + lease - 10 <= now <= b.since + lease + 60
+            if b.kind == kind and b.action_id is not None and b.since + lease - ahead <= now <= b.since + lease + 60
         ]
         if not reclaims:
             return False
-        with self.engine.connect() as conn:
-            ended = conn.execute(
-                text("SELECT count(*) FROM agent_action WHERE id = ANY (:ids) AND ended_at IS NOT NULL"),
-                {"ids": reclaims},
-            ).scalar_one()
+        ended = 0
+        for cell in self.cells:
+            with cell.engine.connect() as conn:
+                ended += conn.execute(
+                    text("SELECT count(*) FROM agent_action WHERE id = ANY (:ids) AND ended_at IS NOT NULL"),
+                    {"ids": reclaims},
+                ).scalar_one()
         return int(ended) < len(reclaims)
+
+    def _arming(self, kind: str) -> bool:
+        """A brink of `kind` waits for its provider to accept (a minute at most): no fault may refuse it. (A
+        Slack, GitHub or GitLab brink's reclaim reads back whatever its API answers: its faults need not wait.)"""
+        return any(k == kind and self.now() - at < 60 for k, at in self.brink_keys.values())
 
     def brink_email(self) -> bool:
         if self.brink_accounts_used == self.BRINK_ACCOUNTS:
@@ -901,7 +1095,7 @@ class Chaos:
         if held > 150 or brink.action_id is None:
             brink.outcome = "released after 150 s"
             return True
-        with self.engine.connect() as conn:
+        with self.cell_of_id(brink.action_id).engine.connect() as conn:
             state = conn.execute(
                 text("SELECT state, epoch FROM agent_action WHERE id = :id"), {"id": brink.action_id}
             ).first()
@@ -923,33 +1117,43 @@ class Chaos:
         ]
         if not pending and not beating:
             return
-        with self.engine.connect() as conn:
-            if pending:
-                ids = sorted({i for k in pending for i, _ in k.held})
-                rows = {
-                    r.id: (r.epoch, r.state)
-                    for r in conn.execute(
-                        text("SELECT id, epoch, state FROM agent_action WHERE id = ANY (:ids)"), {"ids": ids}
-                    )
-                }
-                for kill in pending:
-                    if all(rows.get(i, (None, None)) != (e, "EXECUTING") for i, e in kill.held):
-                        kill.recovered_at = now
-            for slot in beating:
-                assert slot.process is not None
-                seen = conn.execute(
-                    text(
-                        "SELECT extract(epoch FROM max(seen_at))::float8 FROM agent_executor"
-                        " WHERE executor_id LIKE :pattern"
-                    ),
-                    {"pattern": f"%:{slot.process.pid}:%"},
-                ).scalar_one()
-                if seen is not None and slot.beat_at is None:
-                    slot.beat_at = now
-                    for kill in self.kills:
-                        if kill.new_pid == slot.process.pid:
-                            kill.beat_at = now
-                self._after_partition(slot, seen, now)
+        ids = sorted({i for k in pending for i, _ in k.held})
+        rows: dict[int, tuple[int, str]] = {}
+        seen_by_pid: dict[int, float | None] = {}
+        for cell in self.cells:
+            with cell.engine.connect() as conn:
+                if pending:
+                    mine = [i for i in ids if self.cell_of_id(i) is cell]
+                    rows |= {
+                        r.id: (r.epoch, r.state)
+                        for r in conn.execute(
+                            text("SELECT id, epoch, state FROM agent_action WHERE id = ANY (:ids)"), {"ids": mine}
+                        )
+                    }
+                for slot in beating:
+                    assert slot.process is not None
+                    seen = conn.execute(
+                        text(
+                            "SELECT extract(epoch FROM max(seen_at))::float8 FROM agent_executor"
+                            " WHERE executor_id LIKE :pattern"
+                        ),
+                        {"pattern": f"%:{slot.process.pid}:%"},
+                    ).scalar_one()
+                    # a cells run: the process's latest beat in any cell (a cell may be down)
+                    before = seen_by_pid.get(slot.process.pid)
+                    seen_by_pid[slot.process.pid] = max(seen, before) if seen and before else seen or before
+        for kill in pending:
+            if all(rows.get(i, (None, None)) != (e, "EXECUTING") for i, e in kill.held):
+                kill.recovered_at = now
+        for slot in beating:
+            assert slot.process is not None
+            seen = seen_by_pid.get(slot.process.pid)
+            if seen is not None and slot.beat_at is None:
+                slot.beat_at = now
+                for kill in self.kills:
+                    if kill.new_pid == slot.process.pid:
+                        kill.beat_at = now
+            self._after_partition(slot, seen, now)
 
     def _after_partition(self, slot: Slot, seen: float | None, now: float) -> None:
         """A network fault is over for its slot once the process beats again (seen_at after its end)."""
@@ -978,6 +1182,13 @@ class Chaos:
         try:
             self.set_up()
             report.postgres = self.postgres + (" (own, restartable)" if self.own else " (given server: no restart)")
+            if config.cells:
+                report.postgres += (
+                    f"; {len(self.cells)} cells ({', '.join(c.label for c in self.cells)}),"
+                    + (" each its own server" if self.restartable else " databases on one server")
+                    + ", executors running `outbox run --all-cells`"
+                )
+                report.cells = [(c.label, c.index * CELL_ID_STRIDE) for c in self.cells]
             if self.pooler is not None:
                 report.postgres += f", executors through PgBouncer ({config.pooler} pooling)"
             self.log(f"chaos: seed {config.seed}, {config.minutes} min of faults, work dir {self.work_dir}")
@@ -1024,8 +1235,11 @@ class Chaos:
         postponed: list[str] = []
         kinds_injected: set[str] = set()
         next_fault = self.now() + self.rng.uniform(1, 2)
+        post_plan, post_fault, next_post_fault = self.post_fault_plan(), "", self.now() + 3
         next_brink = self.now() + 2
-        brinks = itertools.cycle([self.brink_readback, self.brink_webhook, self.brink_nats, self.brink_email])
+        brink_posts = [functools.partial(self.brink_post, kind) for kind in posts.KINDS]
+        order: list[Callable[[], bool]] = [self.brink_readback, self.brink_webhook, self.brink_nats, *brink_posts]
+        brinks = itertools.cycle([*order, self.brink_email])
         brink_count = 0
         waiting_brink: Callable[[], bool] | None = None
         next_enqueue = self.now()
@@ -1044,8 +1258,8 @@ class Chaos:
                 if brink():
                     waiting_brink = None
                     brink_count += 1
-                    # the first four early, apart, so a short run sees each (the email brink about 30 s in)
-                    early = [5.0, 5.0, min(30, config.seconds * 0.4) - 10]
+                    # the first seven early, apart, so a short run sees each (the email brink about 30 s in)
+                    early = [5.0] * 5 + [max(5.0, min(30, config.seconds * 0.4) - 25)]
                     next_brink = now + (early[brink_count - 1] if brink_count <= len(early) else config.brink_every)
                 else:
                     waiting_brink, next_brink = brink, now + 1
@@ -1063,6 +1277,11 @@ class Chaos:
                 fresh = [n for n in postponed if n not in kinds_injected]
                 postponed = fresh + [n for n in postponed if n in kinds_injected][-8:]
                 next_fault = now + self.rng.expovariate(1 / config.mean_fault_gap)
+            if now >= next_post_fault:
+                # a fault that cannot be injected now (its API down or still scripted) is tried again next time
+                post_fault = post_fault or next(post_plan)
+                post_fault = "" if self._post_fault(post_fault) else post_fault
+                next_post_fault = now + self.post_rng.expovariate(1 / POST_FAULT_GAP)
             self._run_events()
             retrying("watch", self.watch, self.errors)
             if now >= next_track:
@@ -1098,8 +1317,11 @@ class Chaos:
         return self.now() - started
 
     def _unsettled(self) -> int:
-        with self.engine.connect() as conn:
-            return int(conn.execute(text(UNSETTLED)).scalar_one())
+        left = 0
+        for cell in self.cells:
+            with cell.engine.connect() as conn:
+                left += int(conn.execute(text(UNSETTLED)).scalar_one())
+        return left
 
     def _stop_executors(self) -> list[int | None]:
         for slot in self.slots:
@@ -1130,18 +1352,20 @@ class Chaos:
                 relay.close()
         if self.providers is not None:
             self.providers.close()
+        if self.posts is not None:
+            self.posts.close()
         if self.pooler is not None:
             self.pooler.stop()
         if hasattr(self, "sink"):
             self.sink.stop()
-        if hasattr(self, "engine"):
-            self.engine.dispose()
-        if self.own is not None:
-            self.own.stop()
-        elif hasattr(self, "server"):
-            admin = create_engine(self.server, isolation_level="AUTOCOMMIT")
+        for cell in self.cells:
+            cell.engine.dispose()
+            if cell.own is not None:
+                cell.own.stop()
+                continue
+            admin = create_engine(cell.server, isolation_level="AUTOCOMMIT")
             with admin.connect() as conn:
-                conn.execute(text(f'DROP DATABASE IF EXISTS "{self.db_name}" WITH (FORCE)'))
+                conn.execute(text(f'DROP DATABASE IF EXISTS "{cell.db_name}" WITH (FORCE)'))
             admin.dispose()
 
 
@@ -1169,6 +1393,11 @@ SELECT count(*) FROM agent_action AS a
                     WHERE b.lane_key = a.lane_key AND b.id <= a.id AND b.state = 'ADMITTED' AND b.kind = 'WEBHOOK'
                       AND b.due_at > now() + interval '60 seconds')
 """
+
+
+def _cell_variable(cell: CellDb) -> str:
+    """The environment variable that holds a cell's URL for an executor (through its relay)."""
+    return f"OUTBOX_CHAOS_CELL_{(cell.name or '').upper()}_URL"
 
 
 def _extra(options: dict[str, Any]) -> dict[str, Any]:
@@ -1199,7 +1428,8 @@ def _pid_of_peer(peer: tuple[str, int] | None, server_port: int) -> int | None:
 
 def _command(config: ChaosConfig) -> str:
     pooler = f" --pooler {config.pooler}" if config.pooler else ""
-    return f"python -m tests.chaos --seed {config.seed} --minutes {config.minutes:g}{pooler}"
+    cells = f" --cells {config.cells}" if config.cells else ""
+    return f"python -m tests.chaos --seed {config.seed} --minutes {config.minutes:g}{pooler}{cells}"
 
 
 def run_chaos(config: ChaosConfig) -> Report:

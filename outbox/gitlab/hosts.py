@@ -1,0 +1,231 @@
+"""GitLab hosts: the GitLab instances posts go to and the access token each is reached with, registered in code.
+
+    register_host(name, url, token=None, rate="300/min") ──checks name, url, token──▶ GitlabHost (the registry)
+    GitlabAdapter(...) ──host_token(host)──▶ the given token
+                                           ─ else env OUTBOX_GITLAB_TOKEN_<NAME>
+                                           ─ else each token source, in the order added (a Prefect Secret block)
+                                           ─ none, or not a token's characters ─▶ GitlabTokenError naming every
+                                             place asked, never the token
+
+A host's URL is the registry's alone: a payload names a host by its registered name, never a URL, so an action
+can only reach a GitLab the application registered, with the token registered for it. The URL is https, or
+http only to a loopback address (a token is never sent in clear over a network). A token is looked up when the
+adapter is built, so `outbox run` refuses to start without one rather than failing at the first attempt.
+
+Each host is one destination, `gitlab:<name>`: GitLab's limits hold per user, and one token is one user, so
+every post through it shares one pace. The default rate, 300 a minute, is what GitLab documents as its default
+limit on creating notes and on creating issues per user; a host whose administrators set other limits is
+registered with its own (`rate="60/min"`).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import NoReturn
+from urllib.parse import urlsplit
+
+from outbox.errors import OutboxError
+from outbox.rates import Rate, parse_rate
+
+# a function of a host's name: its token, or None
+TokenSource = Callable[[str], str | None]
+# a function of a host's name: where a source looks, as an error names it ("the Prefect Secret block ...")
+SourceLabel = Callable[[str], str]
+
+# GitLab's default limits on notes and on issues created by one user: 300 a minute each
+DEFAULT_RATE = "300/min"
+MAX_URL_LENGTH = 2048
+_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}")
+# what a personal, project or group access token (glpat-...) or an OAuth token is made of
+_TOKEN = re.compile(r"[A-Za-z0-9_.\-]{20,1024}")
+_HOST_LABEL = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
+
+_HOSTS: dict[str, GitlabHost] = {}
+_SOURCES: list[tuple[TokenSource, SourceLabel]] = []
+
+
+class UnknownHost(OutboxError, LookupError):
+    def __init__(self, name: object) -> None:
+        known = ", ".join(sorted(_HOSTS)) or "none"
+        super().__init__(f"no GitLab host is registered as {_shown(name)} (registered: {known})")
+
+
+class GitlabTokenError(OutboxError, ValueError):
+    """A host has no token, or one that is not a token's characters: one line naming the host and where it
+    was looked for (the code, the variable, each token source), never the token. Raised once, when the
+    adapter is built; `outbox run` prints it as its one line and ends."""
+
+
+@dataclass(frozen=True)
+class GitlabHost:
+    name: str
+    # the instance's base URL, such as https://gitlab.com (the API is under /api/v4)
+    url: str
+    # None: looked up when the adapter is built (`host_token`)
+    token: str | None = field(default=None, repr=False)
+    # the host's rate for all executors together; None: none, the pace is learned from its 429s
+    rate: Rate | None = field(default_factory=lambda: parse_rate(DEFAULT_RATE, "rate"))
+
+    @property
+    def destination(self) -> str:
+        """The destination of every post to this host (outbox.executor.destinations)."""
+        return destination_name(self.name)
+
+    @property
+    def token_variable(self) -> str:
+        """The environment variable that holds the host's token when none is given in code."""
+        return token_variable(self.name)
+
+
+def destination_name(host: str) -> str:
+    return f"gitlab:{host}"
+
+
+def token_variable(name: str) -> str:
+    return "OUTBOX_GITLAB_TOKEN_" + name.upper().replace("-", "_")
+
+
+def register_host(name: str, url: str, *, token: str | None = None, rate: str | None = DEFAULT_RATE) -> GitlabHost:
+    """Add a GitLab host; registering the same declaration again is harmless. ValueError names the field.
+    `rate`: the most posts a unit of time all executors together make there (`300/min`, `5/s`); None: no
+    configured rate, the pace is learned from GitLab's 429s alone."""
+    check_name(name)
+    check_url(name, url)
+    if token is not None:
+        check_token(name, token, "the token given to register_host")
+    host = GitlabHost(name, url.rstrip("/"), token, None if rate is None else parse_rate(rate, "rate"))
+    known = _HOSTS.get(name)
+    if known is not None and known != host:
+        raise ValueError(f"name: a GitLab host named {name!r} is already registered with another url, token or rate")
+    for other in _HOSTS.values():
+        if other.name != name and other.token_variable == host.token_variable:
+            raise ValueError(f"name: {name!r} and {other.name!r} would read the same {host.token_variable}")
+    _HOSTS[name] = host
+    return host
+
+
+def host_named(name: object) -> GitlabHost:
+    host = _HOSTS.get(name) if isinstance(name, str) else None
+    if host is None:
+        raise UnknownHost(name)
+    return host
+
+
+def registered_hosts() -> tuple[GitlabHost, ...]:
+    return tuple(_HOSTS[name] for name in sorted(_HOSTS))
+
+
+def add_token_source(source: TokenSource, *, label: SourceLabel | None = None) -> None:
+    """Ask `source(host name)` for a token when neither the code nor the environment gives one; sources are
+    asked in the order added, and None passes to the next. `label(host name)` says where the source looks."""
+    if all(source is not known for known, _ in _SOURCES):
+        _SOURCES.append((source, label or _named_source(source)))
+
+
+def host_token(host: GitlabHost) -> str:
+    """The host's token: given in code, else from its environment variable, else from a token source."""
+    if host.token is not None:
+        return check_token(host.name, host.token, "the token given to register_host")
+    variable = host.token_variable
+    found = os.environ.get(variable)
+    if found is not None:
+        return check_token(host.name, found, variable)
+    for source, label in _SOURCES:
+        where = label(host.name)
+        try:
+            found = source(host.name)
+        except Exception as error:
+            raise GitlabTokenError(f"GitLab host {host.name}: {where} failed ({type(error).__name__})") from None
+        if found is not None:
+            return check_token(host.name, found, where)
+    asked = ["the code (register_host's token=)", variable, *(label(host.name) for _, label in _SOURCES)]
+    return _no_token(host.name, asked)
+
+
+def _no_token(name: str, asked: list[str]) -> NoReturn:
+    places = ", ".join(asked[:-1]) + " nor " + asked[-1]
+    raise GitlabTokenError(
+        f"GitLab host {name} has no token: neither {places} holds one; put a personal, project or group access"
+        " token with the api scope in one of them"
+    )
+
+
+def _named_source(source: TokenSource) -> SourceLabel:
+    name = f"the token source {getattr(source, '__qualname__', type(source).__name__)}"
+    return lambda _host: name
+
+
+def check_token(name: str, value: object, where: str) -> str:
+    """`value` when it has a token's characters (20 to 1024 letters, digits, `_`, `-` and `.`, as GitLab's
+    `glpat-...` access tokens and OAuth tokens do); GitlabTokenError naming `where` otherwise."""
+    if not isinstance(value, str):
+        raise GitlabTokenError(f"GitLab host {name}: {where} must be text, not a {type(value).__name__}")
+    if not _TOKEN.fullmatch(value):
+        raise GitlabTokenError(
+            f"GitLab host {name}: {where} is not a GitLab token (20 to 1024 letters, digits, '_', '-' and '.';"
+            f" it holds {len(value)} characters)"
+        )
+    return value
+
+
+def check_name(name: object) -> None:
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        raise ValueError(
+            "name: a GitLab host's name is 1 to 63 lower case letters, digits, _ and -, starting with a letter or"
+            f" digit, not {_shown(name)}"
+        )
+
+
+def check_url(name: str, url: object) -> None:
+    def refuse(why: str) -> ValueError:
+        return ValueError(f"url: GitLab host {name}'s url {why}")
+
+    if not isinstance(url, str):
+        raise refuse(f"must be text, not a {type(url).__name__}")
+    if len(url) > MAX_URL_LENGTH or not url.isascii() or any(c.isspace() for c in url):
+        raise refuse(f"must be at most {MAX_URL_LENGTH} ASCII characters without spaces")
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError:
+        raise refuse("cannot be read as a URL (its host or port)") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname or not _is_host(parts.hostname):
+        raise refuse("must be absolute, https://<host>[:port][/path]")
+    if parts.username is not None or parts.password is not None or "@" in parts.netloc:
+        raise refuse("must hold no user or password (the token authenticates outbox)")
+    if parts.query or parts.fragment or "?" in url or "#" in url:
+        raise refuse("must have no query or fragment")
+    if port == 0:
+        raise refuse("must have a port from 1 to 65535")
+    if parts.scheme == "http" and not _is_loopback(parts.hostname):
+        raise refuse("must be https: the token would cross the network in clear (http only to a loopback address)")
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _is_host(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+        return True
+    except ValueError:
+        pass
+    labels = host.removesuffix(".").split(".")
+    return len(host) <= 253 and all(_HOST_LABEL.fullmatch(label) for label in labels)
+
+
+def _shown(value: object) -> str:
+    if not isinstance(value, str):
+        return f"a {type(value).__name__}"
+    shown = repr(value)
+    return shown if len(shown) <= 80 else shown[:76] + "...'"
