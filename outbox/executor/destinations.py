@@ -7,7 +7,9 @@
               finds the heads destination by destination, so the held one's backlog costs it nothing
           ──▶ claim(): for each held destination whose time has come, CLAIM_DESTINATION_HEADS ─▶ the
               seconds until it may allow more (its pause's end, its probe, its next token): `wake_at`
-    fence ──▶ gate(): an attempt of a held destination takes its turn (TAKE_SEND_TOKEN) and waits for it;
+    fence ──▶ gate(): an attempt of an open destination not yet proven waits for room in its window
+              (outbox.executor.slow_start); one of a destination whose slow-down this executor is writing
+              waits for the write; an attempt of a held destination takes its turn (TAKE_SEND_TOKEN) and waits for it;
               paused, it waits the pause and asks again; a turn a provider's pause voided while it waited
               (SLOWED_AT): it takes another; a wait over GATE_WAIT_SECONDS: DestinationWaits
     result ──SlowDown──▶ held here at once; slow_down: pause and lower the pace for every executor; the
@@ -17,6 +19,7 @@
                         since the run began: broken (one probe every `probe_seconds`)
            ──CredentialsRefused──▶ REFUSE_CREDENTIALS: broken at once for every executor, the reason kept,
                         one probe every CREDENTIALS_PROBE_SECONDS; the action waits as long
+           ──Done, Failed──▶ the slow start's window grows by one
            ──Done─────▶ nothing written for an open destination (the next judgement finds the acceptance
                         in the actions' record and starts the run again from it); a broken one is mended
 
@@ -47,7 +50,8 @@ from outbox.executor.pacing import (
     PAUSE_CAP_SECONDS,
     SLOW_DOWN,
 )
-from outbox.executor.results import CredentialsRefused, Done, Result, Retry, SlowDown
+from outbox.executor.results import CredentialsRefused, Done, Failed, Result, Retry, SlowDown
+from outbox.executor.slow_start import SlowStart
 from outbox.executor.store import ExecutorStore
 from outbox.rates import Rate
 
@@ -89,6 +93,10 @@ class Destinations:
         self._paused: dict[str, str] = {}
         # the earliest loop time a held destination may allow more: the loop wakes then
         self.wake_at = math.inf
+        self._slow_start = SlowStart(config.concurrency)
+        # the slow-downs this executor is writing, by destination: its attempts wait for the pause to be
+        # written before they take a turn (the row does not say paused yet, and would give one)
+        self._slowing: dict[str, asyncio.Event] = {}
 
     async def start(self) -> bool:
         """Write the adapters' configured rates; True once written."""
@@ -103,6 +111,8 @@ class Destinations:
         served = set(kinds)
         rows = await self._store.held_destinations()
         self._held = {name: broken for name, kind, broken in rows if kind in served}
+        for name in self._held:
+            self._slow_start.wake(name)
         for name in [name for name in self._paused if name not in self._held]:
             self._change(name, self._paused.pop(name), "resumed", "its pause ended")
 
@@ -112,6 +122,7 @@ class Destinations:
         kind, _, name = payload.partition(" ")
         if name and kind in kinds:
             self._held.setdefault(name, False)
+            self._slow_start.wake(name)
 
     @property
     def some_held(self) -> bool:
@@ -146,9 +157,14 @@ class Destinations:
 
     async def gate(self, action: ClaimedAction) -> None:
         """Before the fence of an attempt: nothing for an open destination; for a held one, wait for the
-        attempt's turn (outbox.executor.pacing's turns). Raises DestinationWaits when the turn, or the
+        attempt's turn (outbox.executor.pacing's turns); for an open one not yet proven, wait for room in its
+        slow start's window. Raises DestinationWaits when the turn, or the
         destination's pause, is more than GATE_WAIT_SECONDS away."""
         name = action.destination
+        if name not in self._held and not self._slow_start.proven(name):
+            await self._slow_start.enter(action, self._held)
+        while name in self._slowing:
+            await self._slowing[name].wait()
         while name in self._held:
             turn = await self._store.take_send_token(name, self._gate_params)
             wait = turn.wait_seconds
@@ -174,7 +190,14 @@ class Destinations:
             named = result.after if result.named else None
             # held from now: this executor's next attempts ask for their turns, which wait for the pause
             self._held[name] = self._held.get(name, False)
-            slowed = await self._store.slow_down(name, action.kind.name, named, result.reason, SLOW_DOWN)
+            self._slow_start.wake(name)
+            writing = self._slowing.setdefault(name, asyncio.Event())
+            try:
+                slowed = await self._store.slow_down(name, action.kind.name, named, result.reason, SLOW_DOWN)
+            finally:
+                if self._slowing.get(name) is writing:
+                    del self._slowing[name]
+                    writing.set()
             # claimed for again at its pause's end, or within the poll interval (an operator may resume it)
             wait = min(max(0.0, slowed.pause_seconds), self._config.poll_seconds)
             self._not_before[name] = asyncio.get_running_loop().time() + wait
@@ -188,6 +211,8 @@ class Destinations:
                 await self._failed(name, action.kind.name)
             # the action waits the pause; an operator's pause until resumed, the longest a slow-down waits
             return dataclasses.replace(result, after=min(max(0.0, slowed.pause_seconds), PAUSE_CAP_SECONDS))
+        if isinstance(result, (Done, Failed)):
+            self._slow_start.accepted(name)
         if isinstance(result, Retry):
             await self._failed(name, action.kind.name)
         elif isinstance(result, Done) and self._held.get(name) and await self._store.mend_destination(name):
@@ -200,6 +225,7 @@ class Destinations:
         CREDENTIALS_PROBE_SECONDS (held here at once); the action waits for the probe."""
         name, kind = action.destination, action.kind.name
         self._held[name] = True
+        self._slow_start.wake(name)
         self._not_before[name] = asyncio.get_running_loop().time() + CREDENTIALS_PROBE_SECONDS
         if await self._store.refuse_credentials(name, kind, result.reason, CREDENTIALS_PROBE_SECONDS):
             why = f"credentials refused: {result.reason}"
@@ -218,7 +244,12 @@ class Destinations:
             reason = f"{run.failures} attempts in {run.seconds:.0f} s failed or were asked to slow down, none accepted"
             self._change(name, kind, "broken", reason)
         self._held[name] = True
+        self._slow_start.wake(name)
         self._not_before[name] = asyncio.get_running_loop().time() + self._config.probe_seconds
+
+    def ended(self, action: ClaimedAction) -> None:
+        """`action`'s attempt ended: its place in its destination's slow start is free."""
+        self._slow_start.ended(action)
 
     def _change(self, name: str, kind: str, change: str, reason: str, seconds: float | None = None) -> None:
         self._outcomes.destination(DestinationChange(name, kind, change, reason, seconds))

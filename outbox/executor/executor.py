@@ -376,6 +376,7 @@ class Executor:
     def _attempt_done(self, task: asyncio.Task[None]) -> None:
         attempt = self._inflight.pop(task, None)
         if attempt is not None:
+            self._destinations.ended(attempt.action)
             self._answered.add(attempt.action.destination)
             self._by_destination[attempt.action.destination] -= 1
             if self._by_destination[attempt.action.destination] <= 0:
