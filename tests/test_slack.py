@@ -15,6 +15,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,7 @@ from outbox.slack import (
     register_workspace,
     slack_message,
 )
+from outbox.slack import adapter as slack_adapter
 from outbox.slack import workspaces as workspace_registry
 from outbox.slack.adapter import ChannelTurns
 from outbox.slack.workspaces import workspace_named, workspace_token
@@ -157,6 +159,34 @@ async def test_a_lost_answer_leaves_exactly_one_message(
     assert [seen.step for seen in acme.seen] == [fault]  # one post; the second attempt only read back
     assert acme.calls == {"chat.postMessage": 1, "conversations.history": 1}
     assert found["trace"]["answer_lost"] is True
+
+
+class ClockHoursAhead:
+    """An executor host's wall clock three hours ahead (its monotonic clock as it is)."""
+
+    monotonic = staticmethod(time.monotonic)
+
+    @staticmethod
+    def time() -> float:
+        return time.time() + 3 * 3600
+
+
+async def test_a_lost_answer_of_an_executor_whose_clock_is_hours_ahead_leaves_exactly_one_message(
+    engine: Engine,
+    aengine: AsyncEngine,
+    acme: SlackApi,
+    adapters: Callable[..., SlackAdapter],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The read-back's window starts from the claim, by the database's clock: an executor whose own clock runs
+    hours ahead still finds the message its first attempt posted (from its own clock, it would look only at
+    messages three hours after it, and post again)."""
+    monkeypatch.setattr(slack_adapter, "time", ClockHoursAhead)
+    acme.steps.append("kept-reset")
+    action_id = enqueue(engine)
+    await drain(aengine, [adapters()])
+    assert row(engine, action_id)["readback_ref"].endswith(" read back")
+    assert markers(acme) == [message_marker("k-1")]
 
 
 async def test_a_lost_answer_of_a_reply_is_read_back_from_its_thread(

@@ -37,6 +37,9 @@ class ClaimedAction:
     trace_context: Any = None
     # where its effect goes (outbox.executor.destinations)
     destination: str = ""
+    # when the claim took it, on the database clock: an adapter's read-back window starts from it, never from
+    # the executor's own clock, which may be far off (a read-back from an instant after the write finds nothing)
+    claimed_at: datetime | None = None
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ import contextlib
 import json
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 from functools import cache
 from typing import Any, TypeVar
 
@@ -462,4 +463,5 @@ def claimed_action(row: Any, *, fresh: bool) -> ClaimedAction:
         trace=row.trace,
         trace_context=row.trace_context,
         destination=row.destination,
+        claimed_at=row.due_at + timedelta(seconds=row.pickup_seconds),
     )

@@ -100,7 +100,7 @@ class GithubAdapter:
             if found is not None:
                 return _at_last(found, last)
         if since is None:
-            attempt.note(since=datetime.now(UTC).isoformat(timespec="seconds"))
+            attempt.note(since=(action.claimed_at or datetime.now(UTC)).isoformat(timespec="seconds"))
         window = await attempt.fence().begin_write()
         bound = min(self.request_seconds, window.check())
         with tracing.provider_call(f"POST {payload['post']}") as call:

@@ -6,8 +6,9 @@
               page, stopping at the first issue created before <since>
         ──▶ the html_url of the first post whose body carries the marker, or None
 
-`since` is the instant the action's first write began, by outbox's clock, less SINCE_MARGIN for a GitHub clock
-behind ours; GitHub's `since` takes posts updated at or after it, and a post is updated no earlier than it was
+`since` is the instant the claim of the action's first write took it, by the database's clock (never the
+executor's: a host clock hours ahead would start the window after the post), less SINCE_MARGIN for a GitHub
+clock behind it; GitHub's `since` takes posts updated at or after it, and a post is updated no earlier than it was
 made. Never the search API: its index is filled after a post is made (seconds, at times minutes later), so a
 search could miss a post that exists and outbox would make it twice. These listings read the repository's
 own records, the same the post was written to. More than MAX_PAGES pages are not read within one attempt:
@@ -29,7 +30,7 @@ with needs("github"):
 
 PER_PAGE = 100
 MAX_PAGES = 30
-# how far behind outbox's clock GitHub's may run, at most
+# how far behind the database's clock GitHub's may run, at most
 SINCE_MARGIN = timedelta(minutes=10)
 
 

@@ -149,7 +149,7 @@ class GitlabAdapter:
             if all(piece.mark in made for piece in pieces):
                 return Done(f"{_reference(host, payload, pieces, made)} read back")
         else:
-            attempt.note(first_write=datetime.now(UTC).isoformat())
+            attempt.note(first_write=(action.claimed_at or datetime.now(UTC)).isoformat())
         window = await attempt.fence().begin_write()
         for number, piece in enumerate(pieces, 1):
             if piece.mark in made:

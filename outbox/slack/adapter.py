@@ -35,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -197,7 +198,7 @@ class SlackAdapter:
         if wait > 0:
             await asyncio.sleep(wait)
         if not isinstance(since, str):
-            attempt.note(since=since_ts(time.time()))
+            attempt.note(since=since_ts((action.claimed_at or datetime.now(UTC)).timestamp()))
         window = await attempt.fence().begin_write()
         bound = min(self.request_seconds, window.check())
         result = await self._post(client, payload, marker, bound, attempt.uncounted_claims())

@@ -30,7 +30,8 @@ METADATA_EVENT = "outbox_action"
 # a page of a listing, and the most pages read: 2,000 messages since the first attempt
 PAGE_SIZE = 200
 READBACK_PAGES = 10
-# how far before the first fence `since` starts: clocks differ between this machine and Slack's
+# how far before the first write's claim (on the database's clock, never the executor's) `since` starts: the
+# database's clock and Slack's differ
 SINCE_MARGIN_SECONDS = 120.0
 
 
