@@ -100,7 +100,7 @@ from sqlalchemy.exc import DBAPIError
 from outbox.cells import CellsError
 from outbox.db import async_engine, fault_text, shown_database, sync_engine
 from outbox.executor import Executor, ExecutorConfig
-from outbox.executor.adapter import load_adapters
+from outbox.executor.adapter import ActionAdapter, close_adapters, load_adapters
 from outbox.executor.config import DEFAULTS, ENGINE_POOL_SIZE, start_line
 from outbox.executor.outcomes import DestinationChange, EndedAction, Outcomes
 from outbox.github.accounts import GithubSecretError, registered_accounts
@@ -272,6 +272,7 @@ async def _drain(
         raise ValueError("OUTBOX_DATABASE_URL is not set for the drain flow")
     engine = async_engine(url, pool_size=ENGINE_POOL_SIZE, max_overflow=0, **settings.engine_timeouts())
     config = ExecutorConfig(concurrency=concurrency, lease_seconds=settings.lease_seconds)
+    carried_out: list[ActionAdapter] = []
     try:
         factory = load_adapters(adapters)  # imports the application's modules: its endpoints are registered
         await webhook_secrets_from_prefect()
@@ -315,6 +316,7 @@ async def _drain(
                 watcher.cancel()
             await asyncio.gather(*watchers, return_exceptions=True)
     finally:
+        await close_adapters(carried_out)
         await engine.dispose()
     seconds = asyncio.get_running_loop().time() - started
     summary = summarize(outcomes, seconds)

@@ -255,6 +255,28 @@ async def test_a_killed_executor_mid_post_leaves_one_message(
     assert markers(acme) == [message_marker("k-1")]
 
 
+def test_outbox_run_posts_and_closes_its_slack_client_when_it_ends(
+    engine: Engine, database_url: str, acme: SlackApi
+) -> None:
+    """`outbox run --max-actions 1` posts one message and ends with the adapter's connections closed: no
+    "Unclosed client session" or "Unclosed connector" from aiohttp at exit."""
+    action_id = enqueue(engine)
+    env = {name: value for name, value in os.environ.items() if not name.startswith("OUTBOX_")}
+    env |= {"OUTBOX_DATABASE_URL": database_url, "OUTBOX_SLACK_TOKEN_ACME": TOKEN, "OUTBOX_TEST_SLACK_URL": acme.url}
+    run = ["run", "--adapters", "tests.slack_adapters:acme_adapters", "--max-actions", "1"]
+    ended = subprocess.run(
+        [sys.executable, "-X", "dev", "-m", "outbox.cli", *run],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert ended.returncode == 0, ended.stderr
+    assert row(engine, action_id)["state"] == "DONE"
+    assert "Unclosed" not in ended.stderr, ended.stderr
+
+
 def post_and_get_killed(database_url: str, acme: SlackApi) -> None:
     """`outbox run` in a process of its own until the server stored its message, then SIGKILL."""
     env = {name: value for name, value in os.environ.items() if not name.startswith("OUTBOX_")}

@@ -159,6 +159,7 @@ async def _run(
 
     from outbox.db import async_engine, shown_database
     from outbox.executor import Executor
+    from outbox.executor.adapter import close_adapters
     from outbox.executor.config import ENGINE_POOL_SIZE, start_line
     from outbox.kind_rows import require_declared
 
@@ -169,6 +170,7 @@ async def _run(
         pool_size=ENGINE_POOL_SIZE,
         max_overflow=0,
     )
+    adapters: list[ActionAdapter] = []
     try:
         adapters = list(factory(engine))
         executor = Executor(engine, adapters, config, listen_url=listen_url)
@@ -180,6 +182,7 @@ async def _run(
             loop.add_signal_handler(signum, executor.stop)
         return await executor.run(max_actions=max_actions, max_seconds=max_seconds)
     finally:
+        await close_adapters(adapters)
         await engine.dispose()
 
 
@@ -244,6 +247,7 @@ async def _serve_cell(
 
     from outbox.db import async_engine, shown_database
     from outbox.executor import Executor
+    from outbox.executor.adapter import close_adapters
     from outbox.executor.config import ENGINE_POOL_SIZE, start_line
 
     _CELL.set(name)
@@ -254,6 +258,7 @@ async def _serve_cell(
         pool_size=ENGINE_POOL_SIZE,
         max_overflow=0,
     )
+    adapters: list[ActionAdapter] = []
     try:
         adapters = list(factory(engine))
         executor = Executor(engine, adapters, config)
@@ -270,6 +275,7 @@ async def _serve_cell(
             with contextlib.suppress(asyncio.CancelledError):
                 await stopping
     finally:
+        await close_adapters(adapters)
         await engine.dispose()
 
 

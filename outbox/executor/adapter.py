@@ -4,6 +4,7 @@ adapters (`module:factory`, as `outbox run --adapters` and the drain flow name t
 from __future__ import annotations
 
 import importlib
+import logging
 import os
 import sys
 from collections.abc import Callable, Iterable
@@ -28,6 +29,19 @@ class ActionAdapter(Protocol):
 
 
 AdapterFactory = Callable[[AsyncEngine], Iterable[ActionAdapter]]
+
+
+async def close_adapters(adapters: Iterable[ActionAdapter]) -> None:
+    """Close each adapter that holds connections of its own (an `aclose` coroutine: an HTTP client's pool, a
+    thread pool), once its executor has ended; a close that fails is logged and the others still close."""
+    for adapter in adapters:
+        aclose = getattr(adapter, "aclose", None)
+        if aclose is None:
+            continue
+        try:
+            await aclose()
+        except Exception as error:
+            logging.getLogger("outbox.executor").warning("%s adapter: closing it failed: %r", adapter.kind.name, error)
 
 
 def load_adapters(spec: str) -> AdapterFactory:

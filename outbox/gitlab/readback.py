@@ -9,9 +9,10 @@
             stops as soon as every wanted marker is found
 
 `since` is the instant the claim of the action's first write took it, by the database's clock (never the
-executor's, which may be hours off), less SINCE_MARGIN for a GitLab clock that runs behind. Every listing reads GitLab's database, not a search index: a post is listed once its create
-committed. GitLab's database load balancing sends a user's reads to the primary after that user wrote, until the
-replicas have caught up, so the token that made a post sees it. More than MAX_PAGES pages cannot be read inside
+executor's, which may be hours off), less SINCE_MARGIN for a GitLab clock that runs behind. Every listing reads
+GitLab's database, not a search index: a post is listed once its create committed. GitLab's database load
+balancing sends a user's reads to the primary after that user wrote, until the replicas have caught up, so the
+token that made a post sees it. More than MAX_PAGES pages cannot be read inside
 one attempt: `TooMany`, and the caller cannot tell.
 """
 
