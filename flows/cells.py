@@ -36,7 +36,7 @@ async def cell_url(cell: str) -> str:
     """Cell `cell`'s database URL: the cells file read and checked, its Secret blocks asked for the cells
     whose variable is unset; CellsError naming the file and the cell."""
     if cells_file() is None:
-        raise CellsError(f"the drain of cell {cell} needs the cells file: set OUTBOX_CELLS_FILE on the worker")
+        raise CellsError(f"a run of cell {cell} needs the cells file: set OUTBOX_CELLS_FILE on the worker")
     cells = load_cells()
     cells.cell(cell)
     await cell_urls_from_prefect(cells)

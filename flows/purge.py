@@ -14,10 +14,12 @@ import threading
 from datetime import timedelta
 from typing import Any
 
-from prefect import flow, get_run_logger
+from prefect import State, flow, get_run_logger
 from prefect.artifacts import create_table_artifact
+from prefect.states import Failed
 from prefect.utilities.asyncutils import run_coro_as_sync
 
+from outbox.cells import CellsError
 from outbox.db import sync_engine
 from outbox.limits import PURGE_BATCH_SIZE
 from outbox.log_records import hide_secrets_in_logs
@@ -28,12 +30,18 @@ from .cells import cell_url
 
 
 @flow(name="outbox-purge", retries=2, retry_delay_seconds=300, timeout_seconds=3600)
-def purge(retention_days: float = 30, batch_size: int = PURGE_BATCH_SIZE, cell: str | None = None) -> dict[str, Any]:
+def purge(
+    retention_days: float = 30, batch_size: int = PURGE_BATCH_SIZE, cell: str | None = None
+) -> dict[str, Any] | State[Any]:
     """Delete the actions that ended more than `retention_days` ago, in `cell`'s database (None: the one of
-    OUTBOX_DATABASE_URL); return how many went."""
+    OUTBOX_DATABASE_URL); return how many went. A cell the cells file does not name, or no cells file: the
+    run fails with one line naming them, no traceback (and is retried as any failed purge)."""
     hide_secrets_in_logs()
     settings = load_settings()
-    url = run_coro_as_sync(cell_url(cell)) if cell is not None else settings.database_url
+    try:
+        url = run_coro_as_sync(cell_url(cell)) if cell is not None else settings.database_url
+    except CellsError as wrong:
+        return Failed(message=str(wrong))
     if not url:
         raise ValueError("OUTBOX_DATABASE_URL is not set for the purge flow")
     stop = threading.Event()

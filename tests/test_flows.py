@@ -93,6 +93,16 @@ def test_the_purge_flow_reports_what_it_removed(engine: Engine, outbox_env: None
     assert purge(retention_days=0) == {"removed": 1, "retention_days": 0}
 
 
+def test_a_purge_run_of_a_cell_without_a_cells_file_fails_in_one_line_naming_it(
+    outbox_env: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No traceback, the cell and the setting named (the run is retried as any failed purge: not waited for here)."""
+    monkeypatch.delenv("OUTBOX_CELLS_FILE", raising=False)
+    state = purge.with_options(retries=0)(retention_days=0, cell="eu", return_state=True)
+    assert state.is_failed()
+    assert state.message == "a run of cell eu needs the cells file: set OUTBOX_CELLS_FILE on the worker"
+
+
 async def test_a_drain_run_refuses_to_start_when_its_kinds_row_differs(engine: Engine, outbox_env: None) -> None:
     with engine.begin() as conn:
         conn.execute(text("UPDATE agent_action_kind SET at_most_once = false WHERE name = 'EMAIL'"))
