@@ -683,10 +683,14 @@ class Chaos:
         "webhook receiver throttling": 5,
     }
 
+    def fault_names(self) -> list[str]:
+        """The kinds of fault this run injects, in the first round's order."""
+        names = [n for n in self.FAULT_WEIGHTS if self.restartable or n != "PostgreSQL restart"]
+        return [n for n in names if (self.config.cells and self.restartable) or n != "cell primary SIGKILL"]
+
     def fault_plan(self) -> Iterator[str]:
         """Every kind once (the long pauses last, so a short run still sees kills), then at random by weight."""
-        names = [n for n in self.FAULT_WEIGHTS if self.restartable or n != "PostgreSQL restart"]
-        names = [n for n in names if (self.config.cells and self.restartable) or n != "cell primary SIGKILL"]
+        names = self.fault_names()
         yield from names
         weights = [self.FAULT_WEIGHTS[n] for n in names]
         while True:
@@ -1245,7 +1249,10 @@ class Chaos:
         next_enqueue = self.now()
         next_erasure = self.now() + self.work_rng.uniform(2, 8)
         next_track = 0.0
-        while self.now() < end:
+        # a kind the first round has not injected by the end (its fault times postponed while no executor could
+        # be spared) keeps the phase going, for at most as long again, so that every run sees every kind
+        first_round = set(self.fault_names())
+        while self.now() < end or (first_round - kinds_injected and self.now() < end + config.seconds):
             now = self.now()
             while next_enqueue <= now:
                 self.enqueue_one()
