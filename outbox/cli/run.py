@@ -298,16 +298,24 @@ async def _until_ready(
     from outbox.cli.all_cells import fault_line
     from outbox.cli.common import require_schema
     from outbox.errors import OutboxError
+    from outbox.executor.store import CALL_SECONDS
     from outbox.kind_rows import KindsNotDeclared, require_declared
+
+    async def check() -> None:
+        async with engine.connect() as conn:
+            await conn.run_sync(require_schema)
+        await require_declared(engine, (adapter.kind for adapter in adapters))
 
     said = None
     loop = asyncio.get_running_loop()
     while not stop.is_set() and (deadline is None or loop.time() < deadline):
         try:
-            async with engine.connect() as conn:
-                await conn.run_sync(require_schema)
-            await require_declared(engine, (adapter.kind for adapter in adapters))
+            # bounded on this side too: a connection whose server stopped answering (a network that drops
+            # what it carries) would otherwise hold this cell, and the process's stop, for ever
+            await asyncio.wait_for(check(), CALL_SECONDS)
             return True
+        except TimeoutError:
+            reason = f"the database did not answer within {CALL_SECONDS:g} s"
         except KindsNotDeclared as refused:
             reason = "; ".join(refused.lines)
         except (DBAPIError, OutboxError, OSError) as error:
