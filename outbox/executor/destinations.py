@@ -110,9 +110,10 @@ class Destinations:
         """Read which destinations are held now."""
         served = set(kinds)
         rows = await self._store.held_destinations()
-        self._held = {name: broken for name, kind, broken in rows if kind in served}
-        for name in self._held:
-            self._slow_start.wake(name)
+        self._held = {}
+        for name, kind, broken in rows:
+            if kind in served:
+                self._hold(name, broken)
         for name in [name for name in self._paused if name not in self._held]:
             self._change(name, self._paused.pop(name), "resumed", "its pause ended")
 
@@ -121,8 +122,7 @@ class Destinations:
         payload, "KIND name"): held here at once when its kind is one of `kinds`."""
         kind, _, name = payload.partition(" ")
         if name and kind in kinds:
-            self._held.setdefault(name, False)
-            self._slow_start.wake(name)
+            self._hold(name)
 
     @property
     def some_held(self) -> bool:
@@ -158,8 +158,8 @@ class Destinations:
     async def gate(self, action: ClaimedAction) -> None:
         """Before the fence of an attempt: nothing for an open destination; for a held one, wait for the
         attempt's turn (outbox.executor.pacing's turns); for an open one not yet proven, wait for room in its
-        slow start's window. Raises DestinationWaits when the turn, or the
-        destination's pause, is more than GATE_WAIT_SECONDS away."""
+        slow start's window. Raises DestinationWaits when the turn, or the destination's pause, is more than
+        GATE_WAIT_SECONDS away."""
         name = action.destination
         if name not in self._held and not self._slow_start.proven(name):
             await self._slow_start.enter(action, self._held)
@@ -189,8 +189,7 @@ class Destinations:
         if isinstance(result, SlowDown):
             named = result.after if result.named else None
             # held from now: this executor's next attempts ask for their turns, which wait for the pause
-            self._held[name] = self._held.get(name, False)
-            self._slow_start.wake(name)
+            self._hold(name)
             writing = self._slowing.setdefault(name, asyncio.Event())
             try:
                 slowed = await self._store.slow_down(name, action.kind.name, named, result.reason, SLOW_DOWN)
@@ -224,8 +223,7 @@ class Destinations:
         """Credentials refused: the destination broken for every executor, probed once every
         CREDENTIALS_PROBE_SECONDS (held here at once); the action waits for the probe."""
         name, kind = action.destination, action.kind.name
-        self._held[name] = True
-        self._slow_start.wake(name)
+        self._hold(name, broken=True)
         self._not_before[name] = asyncio.get_running_loop().time() + CREDENTIALS_PROBE_SECONDS
         if await self._store.refuse_credentials(name, kind, result.reason, CREDENTIALS_PROBE_SECONDS):
             why = f"credentials refused: {result.reason}"
@@ -243,9 +241,14 @@ class Destinations:
         if run.newly_broken:
             reason = f"{run.failures} attempts in {run.seconds:.0f} s failed or were asked to slow down, none accepted"
             self._change(name, kind, "broken", reason)
-        self._held[name] = True
-        self._slow_start.wake(name)
+        self._hold(name, broken=True)
         self._not_before[name] = asyncio.get_running_loop().time() + self._config.probe_seconds
+
+    def _hold(self, name: str, broken: bool = False) -> None:
+        """Held here from now (broken, or as broken as it was); its attempts waiting in the slow start's
+        window go on to take their turns."""
+        self._held[name] = broken or self._held.get(name, False)
+        self._slow_start.wake(name)
 
     def ended(self, action: ClaimedAction) -> None:
         """`action`'s attempt ended: its place in its destination's slow start is free."""
