@@ -1,4 +1,4 @@
--- outbox's schema at revision 0026, as PostgreSQL 18 dumps it. Generated from the migrations
+-- outbox's schema at revision 0027, as PostgreSQL 18 dumps it. Generated from the migrations
 -- by `python -m tests.schema_dump`; do not edit: the revisions in migrations/versions/ are the source.
 
 --
@@ -635,7 +635,7 @@ CREATE UNIQUE INDEX ux_agent_action_lane_executing ON public.agent_action USING 
 -- Name: ux_agent_action_lane_head; Type: INDEX; Schema: public; Owner: -
 --
 
-CREATE UNIQUE INDEX ux_agent_action_lane_head ON public.agent_action USING btree (lane_key) WHERE (lane_head AND (state = ANY (ARRAY['PROPOSED'::text, 'ADMITTED'::text])));
+CREATE UNIQUE INDEX ux_agent_action_lane_head ON public.agent_action USING btree (lane_key) WHERE lane_head;
 
 --
 -- Name: agent_action after_agent_action_delete; Type: TRIGGER; Schema: public; Owner: -

@@ -325,7 +325,7 @@ def test_two_workers_drain_three_cells_and_a_cell_that_is_down_costs_the_others_
 def test_an_executor_of_this_release_drains_a_cell_one_revision_behind(
     admin_engine: Any, server_url: str, tmp_path: Path
 ) -> None:
-    """While `db upgrade --all-cells` rolls, a cell still at head-1 (0025) is drained by the new executors."""
+    """While `db upgrade --all-cells` rolls, a cell still at head-1 (0026) is drained by the new executors."""
     from outbox import migrate
 
     name = f"outbox_cell_behind_{os.getpid()}"
@@ -335,9 +335,9 @@ def test_an_executor_of_this_release_drains_a_cell_one_revision_behind(
     try:
         engine = create_engine(url)
         with engine.begin() as conn:
-            migrate.upgrade(conn, "0025")
+            migrate.upgrade(conn, "0026")
         with engine.connect() as conn:
-            assert migrate.current(conn) == "0025"
+            assert migrate.current(conn) == "0026"
         engine.dispose()
         prepare(url, "behind", 30)
         record = tmp_path / "attempts.jsonl"

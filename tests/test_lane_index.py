@@ -317,3 +317,60 @@ def test_two_batches_opening_the_same_idle_lanes_leave_each_with_one_holder(engi
 
 def _noop(key: str, lane: str) -> outbox.ActionRequest:
     return outbox.ActionRequest(kind=kinds.NOOP, workspace_id=1, lane_key=lane, idempotency_key=key, payload={})
+
+
+def test_an_executing_holder_and_a_waiting_one_are_refused_by_the_database(engine: Engine) -> None:
+    """ux_agent_action_lane_head holds executing holders too: a second mark beside one refuses."""
+    with engine.begin() as conn:
+        conn.execute(text("DELETE FROM agent_action"))
+        enqueue_in(conn, "one", lane="busy")
+        second = enqueue_in(conn, "two", lane="busy")
+        conn.execute(text(CLAIM_BY_HAND), {"key": "one"})
+    with pytest.raises(Exception, match="ux_agent_action_lane_head"), engine.begin() as conn:
+        conn.execute(text("UPDATE agent_action SET lane_head = true WHERE id = :id"), {"id": second.id})
+
+
+# A claim of one action, as an operator's SQL writes it (the executor's claim takes the same values).
+CLAIM_BY_HAND = """
+UPDATE agent_action SET state = 'EXECUTING', epoch = epoch + 1, attempt = attempt + 1,
+       lease_expires_at = now() + interval '5 min'
+ WHERE idempotency_key = :key"""
+
+
+def test_an_enqueue_that_finds_its_lane_s_holder_ended_never_makes_a_second_holder(engine: Engine) -> None:
+    """An enqueue behind an executing holder waits for the holder's end (FOR UPDATE) and, when the end passed
+    the lane to the next action and that action was claimed at once, finds no holder of its own snapshot: the
+    database refuses it a mark beside the executing one, and it is enqueued behind it. Without that, the
+    lane had two holders and the next claim of the new one failed on ux_agent_action_lane_executing, which
+    stopped the executor making it."""
+    with engine.begin() as conn:
+        conn.execute(text("DELETE FROM agent_action"))
+        enqueue_in(conn, "holder", lane="busy")
+        conn.execute(text(CLAIM_BY_HAND), {"key": "holder"})
+    with engine.begin() as conn:
+        enqueue_in(conn, "next", lane="busy")
+    errors: list[BaseException] = []
+    with engine.connect() as writer:
+        # the holder ends (the row trigger passes the lane to "next") and "next" is claimed, in one transaction
+        writer.execute(
+            text("UPDATE agent_action SET state = 'DONE', stop_reason = 'CONFIRMED' WHERE idempotency_key = 'holder'")
+        )
+        writer.execute(text(CLAIM_BY_HAND), {"key": "next"})
+
+        def behind() -> None:
+            try:
+                with engine.begin() as conn:
+                    enqueue_in(conn, "behind", lane="busy")
+            except BaseException as error:  # reported to the main thread below
+                errors.append(error)
+
+        thread = threading.Thread(target=behind)
+        thread.start()
+        until(lambda: sessions_waiting_on_a_lock(engine) == 1, what="the enqueue to wait for the holder's end")
+        writer.commit()
+        thread.join(10)
+    assert not errors and not thread.is_alive()
+    assert lane_rows(engine) == expected_rows(engine)
+    with engine.connect() as conn:
+        holders = conn.execute(text("SELECT idempotency_key FROM agent_action WHERE lane_head")).scalars().all()
+    assert holders == ["next"]

@@ -469,3 +469,48 @@ def test_revision_0026_leaves_executing_holders_to_their_own_index_and_its_downg
         migrate.upgrade(conn, "0026")  # and up again
         assert conn.execute(HOLDERS).all() == [("a", "a2"), ("b", "b1")]
     engine.dispose()
+
+
+def test_revision_0027_holds_executing_holders_again_mends_a_second_holder_and_its_downgrade_gives_0026_back(
+    empty_database_url: str,
+) -> None:
+    """0027's holder index holds every holder: a lane that 0026 let get a waiting holder beside its executing
+    one is mended at the upgrade (the waiting one lets go and takes the lane when the executing one ends), and a
+    mark beside an executing holder is refused from then on. Down to 0026 gives back its narrower index."""
+    from outbox.testing import install_kinds
+    from tests import kinds
+
+    enqueue = text(
+        "INSERT INTO agent_action (kind, workspace_id, lane_key, idempotency_key, payload, max_attempts, state)"
+        " VALUES ('TEST_NOOP', 1, :lane, :key, '{}', 3, 'ADMITTED')"
+    )
+    claim = text(
+        "UPDATE agent_action SET state = 'EXECUTING', epoch = epoch + 1, attempt = attempt + 1,"
+        " lease_expires_at = now() + interval '5 minutes' WHERE idempotency_key = :key"
+    )
+    mark_a2 = text("UPDATE agent_action SET lane_head = true WHERE idempotency_key = 'a2'")
+    holder_index = {"name": "ux_agent_action_lane_head"}
+    engine = create_engine(empty_database_url)
+    with engine.begin() as conn:
+        migrate.upgrade(conn, "0026")
+        narrower = conn.execute(INDEX_DEF, holder_index).scalar_one()
+        install_kinds(conn, [kinds.NOOP])
+        for key, lane in [("a1", "a"), ("a2", "a"), ("b1", "b")]:
+            conn.execute(enqueue, {"key": key, "lane": lane})
+        conn.execute(claim, {"key": "a1"})
+        conn.execute(mark_a2)  # the second holder 0026's index let through
+        assert conn.execute(HOLDERS).all() == [("a", "a1"), ("a", "a2"), ("b", "b1")]
+        migrate.upgrade(conn, "0027")
+        assert conn.execute(HOLDERS).all() == [("a", "a1"), ("b", "b1")]
+        assert conn.execute(INDEX_DEF, holder_index).scalar_one().endswith("(lane_key) WHERE lane_head")
+        with pytest.raises(Exception, match="ux_agent_action_lane_head"), conn.begin_nested():
+            conn.execute(mark_a2)
+        conn.execute(
+            text("UPDATE agent_action SET state = 'DONE', stop_reason = 'CONFIRMED' WHERE idempotency_key = 'a1'")
+        )
+        assert conn.execute(HOLDERS).all() == [("a", "a2"), ("b", "b1")]
+        migrate.downgrade(conn, "0026", force=True)
+        assert conn.execute(INDEX_DEF, holder_index).scalar_one() == narrower
+        migrate.upgrade(conn, "0027")  # and up again
+        assert conn.execute(HOLDERS).all() == [("a", "a2"), ("b", "b1")]
+    engine.dispose()

@@ -36,7 +36,8 @@ _HOLDER_HAS_BACKLOG = """(h.state <> 'EXECUTING' OR EXISTS (
        ))"""
 
 # Every lane's holder, one row per lane with an unended action (so few): the waiting holders from
-# ux_agent_action_lane_head, the executing ones from ux_agent_action_lane_executing.
+# ux_agent_action_lane_head, the executing ones from ux_agent_action_lane_executing (both are in the first
+# since revision 0027; a database at 0026, one revision behind, holds the waiting ones only there).
 _HOLDERS = """(
     SELECT id, lane_key, state, due_at FROM agent_action WHERE lane_head AND state IN ('PROPOSED', 'ADMITTED')
     UNION ALL
