@@ -8,6 +8,13 @@ than `statement_timeout` seconds (none by default: a library caller bounds its o
 commands pass 30 s). Both travel in the engine's URL, so a connection made from `engine.url` has them too.
 A URL is shown only as `shown_url` renders it: its password as ***.
 
+An adapter's own query on the executor's engine (a notice's recipients, an event's rows) goes through
+`answered_connection`: its block is answered within the engine's statement timeout (30 s when it sets none)
+on outbox's side as well, whatever the server says. Behind a connection pooler, which refuses the startup
+option, and on a network that keeps the connection open while it drops what it carries, nothing else ends
+such a query: each one held a connection of the executor's pool for ever, and once the pool was taken every
+later attempt of that executor waited 30 s for a connection and went back, for as long as it ran.
+
 A URL may name several servers, as libpq's does (`postgresql://u@db1:5432,db2:5432/app?target_session_attrs=
 read-write`): a connection tries them in turn and keeps the first that accepts writes, so after a failover
 outbox reconnects to the promoted server. Every engine opens its connections by `outbox.connection`'s rules
@@ -16,10 +23,14 @@ outbox reconnects to the promoted server. Every engine opens its connections by 
 
 from __future__ import annotations
 
+import asyncio
 import math
 import re
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
+import psycopg
 from sqlalchemy import URL, Engine, create_engine
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError
@@ -30,7 +41,7 @@ from outbox.errors import OutboxError
 from outbox.masking import hide, hide_credentials
 
 if TYPE_CHECKING:
-    from sqlalchemy.ext.asyncio import AsyncEngine
+    from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 # seconds an engine waits for a connection; libpq waits at least 2 s
 CONNECT_TIMEOUT_SECONDS = float(SETTINGS.connect_timeout_seconds)
@@ -142,6 +153,29 @@ def async_engine(
     engine = create_async_engine(bound, **options)
     connection.install(engine)
     return engine
+
+
+@asynccontextmanager
+async def answered_connection(engine: AsyncEngine) -> AsyncIterator[AsyncConnection]:
+    """A connection of `engine` whose block must end within `query_seconds(engine)`: past it the block is
+    cancelled (psycopg asks the server to cancel, and closes a connection whose query does not end), the
+    connection leaves the pool, and psycopg's OperationalError says so (outbox's own fault)."""
+    seconds = query_seconds(engine)
+    bound = asyncio.timeout(seconds)
+    try:
+        async with bound, engine.connect() as conn:
+            yield conn
+    except TimeoutError as error:
+        if not bound.expired():
+            raise
+        raise psycopg.OperationalError(f"the database did not answer within {seconds:g} s") from error
+
+
+def query_seconds(engine: AsyncEngine) -> float:
+    """The statement timeout `engine` asks of the server (its URL's option), or the default one."""
+    options = engine.url.query.get("options", "")
+    found = connection.STATEMENT_TIMEOUT_OPTION.findall(" ".join(options) if isinstance(options, tuple) else options)
+    return int(found[-1].split("=")[1]) / 1000 if found else SETTINGS.statement_timeout_seconds
 
 
 def conninfo(engine: AsyncEngine | Engine) -> str:

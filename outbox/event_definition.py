@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from sqlalchemy import TextClause
 
+from outbox.db import answered_connection
 from outbox.kinds import ActionKind
 from outbox.requests import ActionRequest
 from outbox.store.caller import AsyncConn, SyncConnection, fetch, fetch_async
@@ -81,7 +82,7 @@ class EventDefinition(ABC):
         params, query = self.params(event), self._rows_query()
         if query is None:
             return []
-        async with engine.connect() as conn:
+        async with answered_connection(engine) as conn:
             return await fetch_async(conn, query, params)
 
     def request(self, event: dict[str, Any], *, max_attempts: int = 5) -> ActionRequest:

@@ -14,6 +14,7 @@ application behind such a pooler does.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -31,7 +32,7 @@ from sqlalchemy.engine import make_url
 from demo.sink import SmtpSink
 from examples.accounts import notices, schema
 from outbox.connection import bind_pooled
-from outbox.db import psycopg_url
+from outbox.db import answered_connection, async_engine, psycopg_url
 from outbox.email import enqueue_email
 from outbox.testing import install_kinds
 from tests import kinds
@@ -290,3 +291,25 @@ def test_a_multi_host_url_skips_a_server_that_is_down(
     ran = cli("run", "--adapters", "examples.accounts:adapters", "--max-seconds", "1")
     assert ran.code == 0, ran.err
     assert f"on {url}?target_session_attrs=read-write: concurrency" in ran.err  # as given, every host
+
+
+def test_an_adapter_s_query_that_the_pooler_never_ends_is_bounded_on_outbox_s_side(
+    pooler: PgBouncer, database_url: str
+) -> None:
+    """Through the pooler the server gets no statement timeout (the startup option is refused), so a query
+    that never answers held its connection for ever: the executor's pool of 8 ran out after a network fault
+    and every later attempt waited for a connection. `answered_connection` ends the block at the engine's
+    statement timeout as outbox's own fault, and the pool's one connection serves the next query."""
+
+    async def scenario() -> None:
+        engine = async_engine(pooled(pooler, database_url), statement_timeout=1, pool_size=1, max_overflow=0)
+        try:
+            with pytest.raises(psycopg.OperationalError, match="did not answer within 1 s"):
+                async with answered_connection(engine) as conn:
+                    await conn.execute(text("SELECT pg_sleep(3600)"))
+            async with answered_connection(engine) as conn:
+                assert (await conn.execute(text("SELECT 1"))).scalar_one() == 1
+        finally:
+            await engine.dispose()
+
+    asyncio.run(asyncio.wait_for(scenario(), 30))

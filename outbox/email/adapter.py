@@ -54,6 +54,7 @@ from typing import Literal
 import aiosmtplib
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from outbox.db import answered_connection
 from outbox.email.kind import EMAIL
 from outbox.email.message import (
     HOST_LABEL,
@@ -217,7 +218,7 @@ class EmailAdapter:
         message_id_value = message_id(action.idempotency_key, self.settings.message_id_domain)
         # what traces the email once its payload is gone: written with the fence, or with the result
         attempt.note(notice=notice.name, message_id=message_id_value)
-        async with self._engine.connect() as conn:
+        async with answered_connection(self._engine) as conn:
             rows = await notice.rows_async(conn, event)
         try:
             email = notice.composed(event, rows)

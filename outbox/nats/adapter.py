@@ -49,6 +49,7 @@ from typing import Any
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from outbox import tracing
+from outbox.db import answered_connection
 from outbox.executor import ActionAdapter, ActionAttempt, Cancelled, Done, Failed, Result, Retry, Uncertain
 from outbox.executor.attempt import WriteWindow
 from outbox.extras import needs
@@ -170,7 +171,7 @@ class NatsAdapter:
     ) -> tuple[PreparedEvent | None, Failed | Cancelled | None]:
         """The message as it goes now, or why nothing can be published (the query runs on outbox's engine)."""
         try:
-            async with self._engine.connect() as conn:
+            async with answered_connection(self._engine) as conn:
                 prepared = await event_def.prepare_async(conn, event)
         except InvalidEvent as invalid:
             return None, Failed(f"prepare: the {event_def.name} event cannot be published: {invalid}")
