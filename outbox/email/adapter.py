@@ -82,6 +82,7 @@ from outbox.executor import (
     WriteWindow,
 )
 from outbox.kinds import ActionKind
+from outbox.provider_urls import is_loopback
 from outbox.rates import Rate, parse_rate
 
 TlsMode = Literal["auto", "starttls", "implicit", "none"]
@@ -138,7 +139,7 @@ class SmtpSettings:
     def effective_tls(self) -> Literal["starttls", "implicit", "none"]:
         if self.tls != "auto":
             return self.tls
-        return "none" if _is_loopback(self.host) else "starttls"
+        return "none" if is_loopback(self.host) else "starttls"
 
     @property
     def message_id_domain(self) -> str:
@@ -184,15 +185,6 @@ def address_literal(sockname: object) -> str:
     if isinstance(address, ipaddress.IPv6Address):
         return f"[{address.ipv4_mapped}]" if address.ipv4_mapped else f"[IPv6:{address.compressed}]"
     return f"[{address}]"
-
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 class EmailAdapter:

@@ -17,15 +17,14 @@ registered. The URL is https, or http only to a loopback address (a token never 
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NoReturn
-from urllib.parse import urlsplit
 
 from outbox.errors import OutboxError
+from outbox.provider_urls import check_api_url
 from outbox.rates import Rate, parse_rate
 
 # a function of an account's name: its secret (a token, or an App's private key), or None
@@ -36,12 +35,10 @@ SourceLabel = Callable[[str], str]
 GITHUB_API = "https://api.github.com"
 # GitHub's secondary rate limit: no more than 80 content-creating requests a minute
 DEFAULT_RATE = "80/min"
-MAX_URL_LENGTH = 2048
 _NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}")
 # a personal access token (ghp_, github_pat_), an App's or OAuth token (ghs_, gho_, ghu_), or a classic 40 hex
 _TOKEN = re.compile(r"[A-Za-z0-9_]{20,255}")
 _PEM = re.compile(r"-----BEGIN (RSA )?PRIVATE KEY-----\s+[A-Za-z0-9+/=\s]+-----END (RSA )?PRIVATE KEY-----\s*")
-_HOST_LABEL = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
 
 _ACCOUNTS: dict[str, GithubAccount] = {}
 _SOURCES: list[tuple[SecretSource, SourceLabel]] = []
@@ -219,47 +216,7 @@ def _check_id(value: object, where: str) -> None:
 
 
 def check_url(name: str, url: object) -> None:
-    def refuse(why: str) -> ValueError:
-        return ValueError(f"url: GitHub account {name}'s url {why}")
-
-    if not isinstance(url, str):
-        raise refuse(f"must be text, not a {type(url).__name__}")
-    if len(url) > MAX_URL_LENGTH or not url.isascii() or any(c.isspace() for c in url):
-        raise refuse(f"must be at most {MAX_URL_LENGTH} ASCII characters without spaces")
-    try:
-        parts = urlsplit(url)
-        port = parts.port
-    except ValueError:
-        raise refuse("cannot be read as a URL (its host or port)") from None
-    if parts.scheme not in ("http", "https") or not parts.hostname or not _is_host(parts.hostname):
-        raise refuse("must be absolute, https://<host>[:port][/path]")
-    if parts.username is not None or parts.password is not None or "@" in parts.netloc:
-        raise refuse("must hold no user or password (the token authenticates outbox)")
-    if parts.query or parts.fragment or "?" in url or "#" in url:
-        raise refuse("must have no query or fragment")
-    if port == 0:
-        raise refuse("must have a port from 1 to 65535")
-    if parts.scheme == "http" and not _is_loopback(parts.hostname):
-        raise refuse("must be https: the token would cross the network in clear (http only to a loopback address)")
-
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def _is_host(host: str) -> bool:
-    try:
-        ipaddress.ip_address(host)
-        return True
-    except ValueError:
-        pass
-    labels = host.removesuffix(".").split(".")
-    return len(host) <= 253 and all(_HOST_LABEL.fullmatch(label) for label in labels)
+    check_api_url(f"GitHub account {name}", url)
 
 
 def _shown(value: object) -> str:

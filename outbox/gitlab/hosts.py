@@ -20,15 +20,14 @@ registered with its own (`rate="60/min"`).
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NoReturn
-from urllib.parse import urlsplit
 
 from outbox.errors import OutboxError
+from outbox.provider_urls import check_api_url
 from outbox.rates import Rate, parse_rate
 
 # a function of a host's name: its token, or None
@@ -38,11 +37,9 @@ SourceLabel = Callable[[str], str]
 
 # GitLab's default limits on notes and on issues created by one user: 300 a minute each
 DEFAULT_RATE = "300/min"
-MAX_URL_LENGTH = 2048
 _NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}")
 # what a personal, project or group access token (glpat-...) or an OAuth token is made of
 _TOKEN = re.compile(r"[A-Za-z0-9_.\-]{20,1024}")
-_HOST_LABEL = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
 
 _HOSTS: dict[str, GitlabHost] = {}
 _SOURCES: list[tuple[TokenSource, SourceLabel]] = []
@@ -181,47 +178,7 @@ def check_name(name: object) -> None:
 
 
 def check_url(name: str, url: object) -> None:
-    def refuse(why: str) -> ValueError:
-        return ValueError(f"url: GitLab host {name}'s url {why}")
-
-    if not isinstance(url, str):
-        raise refuse(f"must be text, not a {type(url).__name__}")
-    if len(url) > MAX_URL_LENGTH or not url.isascii() or any(c.isspace() for c in url):
-        raise refuse(f"must be at most {MAX_URL_LENGTH} ASCII characters without spaces")
-    try:
-        parts = urlsplit(url)
-        port = parts.port
-    except ValueError:
-        raise refuse("cannot be read as a URL (its host or port)") from None
-    if parts.scheme not in ("http", "https") or not parts.hostname or not _is_host(parts.hostname):
-        raise refuse("must be absolute, https://<host>[:port][/path]")
-    if parts.username is not None or parts.password is not None or "@" in parts.netloc:
-        raise refuse("must hold no user or password (the token authenticates outbox)")
-    if parts.query or parts.fragment or "?" in url or "#" in url:
-        raise refuse("must have no query or fragment")
-    if port == 0:
-        raise refuse("must have a port from 1 to 65535")
-    if parts.scheme == "http" and not _is_loopback(parts.hostname):
-        raise refuse("must be https: the token would cross the network in clear (http only to a loopback address)")
-
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def _is_host(host: str) -> bool:
-    try:
-        ipaddress.ip_address(host)
-        return True
-    except ValueError:
-        pass
-    labels = host.removesuffix(".").split(".")
-    return len(host) <= 253 and all(_HOST_LABEL.fullmatch(label) for label in labels)
+    check_api_url(f"GitLab host {name}", url)
 
 
 def _shown(value: object) -> str:

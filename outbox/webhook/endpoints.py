@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import ipaddress
 import os
 import re
 from collections.abc import Callable
@@ -27,6 +26,7 @@ from typing import NoReturn
 from urllib.parse import urlsplit
 
 from outbox.errors import OutboxError
+from outbox.provider_urls import MAX_URL_LENGTH, is_host
 from outbox.rates import Rate, parse_rate
 
 # a function of an endpoint's name: its secret, or None
@@ -39,13 +39,11 @@ SECRET_PREFIX = "whsec_"
 MAX_SECRETS = 2
 # the key a secret holds, decoded: 24 to 64 bytes, as Standard Webhooks asks
 SECRET_BYTES = range(24, 65)
-MAX_URL_LENGTH = 2048
 _NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}")
 # the characters RFC 3986 lets a URL hold
 _URL_CHARACTERS = re.compile(r"[A-Za-z0-9\-._~:/?#\[\]@!$&'()*+,;=%]+")
 # a URL's authority: a host name or an address, or an IPv6 address in brackets; then a port, or nothing
 _AUTHORITY = re.compile(r"(?:\[[0-9A-Fa-f:.]+\]|[^\[\]:@]+)(?::[0-9]{0,5})?")
-_HOST_LABEL = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
 
 _ENDPOINTS: dict[str, WebhookEndpoint] = {}
 _SOURCES: list[tuple[SecretSource, SourceLabel]] = []
@@ -206,7 +204,7 @@ def check_url(name: str, url: object) -> None:
         raise refuse("must be absolute, with the scheme http or https")
     if parts.username is not None or parts.password is not None or "@" in parts.netloc:
         raise refuse("must hold no user or password (the signature authenticates outbox)")
-    if not parts.hostname or not _AUTHORITY.fullmatch(parts.netloc) or not _is_host(parts.hostname):
+    if not parts.hostname or not _AUTHORITY.fullmatch(parts.netloc) or not is_host(parts.hostname):
         raise refuse("must name a host: a domain name or an IP address")
     if parts.fragment or "#" in url:
         raise refuse("must have no fragment")
@@ -229,16 +227,6 @@ def check_secret(name: str, secret: object, where: str) -> str:
             f" {SECRET_BYTES.stop - 1} is needed"
         )
     return secret
-
-
-def _is_host(host: str) -> bool:
-    try:
-        ipaddress.ip_address(host)
-        return True
-    except ValueError:
-        pass
-    labels = host.removesuffix(".").split(".")
-    return len(host) <= 253 and all(_HOST_LABEL.fullmatch(label) for label in labels)
 
 
 def _shown(value: object) -> str:
