@@ -174,12 +174,13 @@ async def _run(
     try:
         adapters = list(factory(engine))
         executor = Executor(engine, adapters, config, listen_url=listen_url)
-        await _asking_again(lambda: require_declared(engine, (adapter.kind for adapter in adapters)))
-        line = start_line(executor.kinds, shown_database(db.url), config)
-        logging.getLogger("outbox.run").info("%s%s", f"cell {db.cell}: " if db.cell else "", line)
+        # before the start line: a supervisor that stops the process once it has said it runs gets a clean stop
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, executor.stop)
+        await _asking_again(lambda: require_declared(engine, (adapter.kind for adapter in adapters)))
+        line = start_line(executor.kinds, shown_database(db.url), config)
+        logging.getLogger("outbox.run").info("%s%s", f"cell {db.cell}: " if db.cell else "", line)
         return await executor.run(max_actions=max_actions, max_seconds=max_seconds)
     finally:
         await close_adapters(adapters)
