@@ -26,7 +26,12 @@ def test_an_accepted_url_never_sends_a_token_in_clear_or_elsewhere(url: str) -> 
         return
     parts = urlsplit(url)
     assert parts.scheme == "https" or (parts.scheme == "http" and is_loopback(parts.hostname or ""))
-    assert "@" not in url and "?" not in url and "#" not in url and url.isascii()
+    # no user part (an "@" may stand in the path), no query, no fragment
+    assert "@" not in parts.netloc and "?" not in url and "#" not in url and url.isascii()
+
+
+def test_an_at_sign_in_the_path_is_no_user_part() -> None:
+    check_api_url("GitLab host main", "https://https://@")  # host "https", path "//@": nothing sent elsewhere
 
 
 @pytest.mark.parametrize(
