@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import itertools
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
 
@@ -33,6 +35,26 @@ def sessions_waiting_on_a_lock(engine: Engine) -> int:
                 )
             ).scalar_one()
         )
+
+
+@contextmanager
+def waiting_on_a_lock(engine: Engine, work: Callable[[], None], what: str) -> Iterator[None]:
+    """`work` in a thread of its own, until it waits on a lock in `engine`'s database; the block releases it,
+    and `work` must then end without an error within 10 s."""
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            work()
+        except BaseException as error:  # reported to the test's thread below
+            errors.append(error)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    until(lambda: sessions_waiting_on_a_lock(engine) == 1, what=what)
+    yield
+    thread.join(10)
+    assert not errors and not thread.is_alive(), errors
 
 
 def insert_ended(

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import threading
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -16,7 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 import outbox
 from outbox import ActionRequest, InvalidRequest
 from tests import kinds
-from tests.support import sessions_waiting_on_a_lock, until
+from tests.support import waiting_on_a_lock
 
 
 def request(key: str, lane: str = "lane", **changes: Any) -> ActionRequest:
@@ -135,23 +134,15 @@ async def test_enqueue_many_async_mirrors_enqueue_many(aengine: AsyncEngine) -> 
 
 def test_a_racing_duplicate_in_a_batch_returns_the_winner(engine: Engine) -> None:
     results: list[list[outbox.Action]] = []
-    errors: list[BaseException] = []
     with engine.connect() as first:
         winner = outbox.enqueue(first, request("contested", payload={"by": "first"}))
 
         def second_transaction() -> None:
-            try:
-                with engine.begin() as conn:
-                    results.append(outbox.enqueue_many(conn, [request("mine"), request("contested")]))
-            except BaseException as error:  # reported to the main thread below
-                errors.append(error)
+            with engine.begin() as conn:
+                results.append(outbox.enqueue_many(conn, [request("mine"), request("contested")]))
 
-        thread = threading.Thread(target=second_transaction)
-        thread.start()
-        until(lambda: sessions_waiting_on_a_lock(engine) == 1, what="the batch to wait on the uncommitted key")
-        first.commit()
-        thread.join(10)
-    assert not errors
+        with waiting_on_a_lock(engine, second_transaction, "the batch to wait on the uncommitted key"):
+            first.commit()
     mine, contested = results[0]
     assert contested == winner and contested.payload == {"by": "first"}
     assert mine.idempotency_key == "mine"

@@ -9,7 +9,6 @@ holder, its EXECUTING action or else its oldest PROPOSED or ADMITTED one; no mar
 from __future__ import annotations
 
 import asyncio
-import threading
 from typing import Any
 
 import pytest
@@ -22,7 +21,7 @@ from outbox.db import conninfo
 from outbox.executor.claimed import AttemptReport, FinishWrite
 from outbox.executor.store import ExecutorStore, Write
 from tests import kinds
-from tests.support import sessions_waiting_on_a_lock, until
+from tests.support import waiting_on_a_lock
 
 EXPECTED = text("""
 SELECT DISTINCT ON (lane_key) lane_key, id FROM agent_action
@@ -175,26 +174,18 @@ def enqueue_in(conn: Any, key: str, lane: str = "shared") -> outbox.Action:
 def test_two_transactions_opening_one_lane_leave_it_exact(engine: Engine, first_commits: bool) -> None:
     """The first enqueue into an idle lane holds it; a second transaction enqueuing into the same lane waits for
     the lane's lock, then sees the first holder (first committed) or holds the lane itself (first rolled back)."""
-    errors: list[BaseException] = []
     with engine.connect() as first:
         enqueue_in(first, "first")
 
         def second() -> None:
-            try:
-                with engine.begin() as conn:
-                    enqueue_in(conn, "second")
-            except BaseException as error:  # reported to the main thread below
-                errors.append(error)
+            with engine.begin() as conn:
+                enqueue_in(conn, "second")
 
-        thread = threading.Thread(target=second)
-        thread.start()
-        until(lambda: sessions_waiting_on_a_lock(engine) == 1, what="the second enqueue to wait for the lane")
-        if first_commits:
-            first.commit()
-        else:
-            first.rollback()
-        thread.join(10)
-    assert not errors and not thread.is_alive()
+        with waiting_on_a_lock(engine, second, "the second enqueue to wait for the lane"):
+            if first_commits:
+                first.commit()
+            else:
+                first.rollback()
     assert lane_rows(engine) == expected_rows(engine)
     assert len(lane_rows(engine)) == 1
 
@@ -264,24 +255,16 @@ def test_a_holder_s_end_waits_for_an_enqueue_behind_it_and_passes_it_the_lane(en
 
     asyncio.run(scenario())
 
-    errors: list[BaseException] = []
     with engine.connect() as behind:
         later = enqueue_in(behind, "later", lane="busy")
 
         def cancel_the_holder() -> None:
-            try:
-                with engine.begin() as conn:
-                    held = conn.execute(text("SELECT id FROM agent_action WHERE lane_key = 'busy' AND lane_head"))
-                    outbox.cancel(conn, held.scalar_one())
-            except BaseException as error:  # reported to the main thread below
-                errors.append(error)
+            with engine.begin() as conn:
+                held = conn.execute(text("SELECT id FROM agent_action WHERE lane_key = 'busy' AND lane_head"))
+                outbox.cancel(conn, held.scalar_one())
 
-        thread = threading.Thread(target=cancel_the_holder)
-        thread.start()
-        until(lambda: sessions_waiting_on_a_lock(engine) == 1, what="the cancel to wait for the enqueue")
-        behind.commit()
-        thread.join(10)
-    assert not errors and not thread.is_alive()
+        with waiting_on_a_lock(engine, cancel_the_holder, "the cancel to wait for the enqueue"):
+            behind.commit()
     assert lane_rows(engine) == expected_rows(engine) == {"busy": [later.id]}
 
 
@@ -291,24 +274,16 @@ def test_two_batches_opening_the_same_idle_lanes_leave_each_with_one_holder(engi
     with engine.begin() as conn:
         conn.execute(text("DELETE FROM agent_action"))
     lanes = ["x", "y", "z"]
-    errors: list[BaseException] = []
     with engine.connect() as first:
         outbox.enqueue_many(first, [_noop(f"first-{lane}", lane) for lane in lanes])
 
         def second() -> None:
-            try:
-                with engine.begin() as conn:
-                    actions = outbox.enqueue_many(conn, [_noop(f"second-{lane}", lane) for lane in lanes])
-                    assert all(a.created for a in actions)
-            except BaseException as error:  # reported to the main thread below
-                errors.append(error)
+            with engine.begin() as conn:
+                actions = outbox.enqueue_many(conn, [_noop(f"second-{lane}", lane) for lane in lanes])
+                assert all(a.created for a in actions)
 
-        thread = threading.Thread(target=second)
-        thread.start()
-        until(lambda: sessions_waiting_on_a_lock(engine) == 1, what="the second batch to wait for the first")
-        first.commit()
-        thread.join(10)
-    assert not errors and not thread.is_alive()
+        with waiting_on_a_lock(engine, second, "the second batch to wait for the first"):
+            first.commit()
     with engine.connect() as conn:
         holders = dict(conn.execute(text("SELECT lane_key, idempotency_key FROM agent_action WHERE lane_head")).all())
     assert holders == {lane: f"first-{lane}" for lane in lanes}
@@ -349,7 +324,6 @@ def test_an_enqueue_that_finds_its_lane_s_holder_ended_never_makes_a_second_hold
         conn.execute(text(CLAIM_BY_HAND), {"key": "holder"})
     with engine.begin() as conn:
         enqueue_in(conn, "next", lane="busy")
-    errors: list[BaseException] = []
     with engine.connect() as writer:
         # the holder ends (the row trigger passes the lane to "next") and "next" is claimed, in one transaction
         writer.execute(
@@ -358,18 +332,11 @@ def test_an_enqueue_that_finds_its_lane_s_holder_ended_never_makes_a_second_hold
         writer.execute(text(CLAIM_BY_HAND), {"key": "next"})
 
         def behind() -> None:
-            try:
-                with engine.begin() as conn:
-                    enqueue_in(conn, "behind", lane="busy")
-            except BaseException as error:  # reported to the main thread below
-                errors.append(error)
+            with engine.begin() as conn:
+                enqueue_in(conn, "behind", lane="busy")
 
-        thread = threading.Thread(target=behind)
-        thread.start()
-        until(lambda: sessions_waiting_on_a_lock(engine) == 1, what="the enqueue to wait for the holder's end")
-        writer.commit()
-        thread.join(10)
-    assert not errors and not thread.is_alive()
+        with waiting_on_a_lock(engine, behind, "the enqueue to wait for the holder's end"):
+            writer.commit()
     assert lane_rows(engine) == expected_rows(engine)
     with engine.connect() as conn:
         holders = conn.execute(text("SELECT idempotency_key FROM agent_action WHERE lane_head")).scalars().all()
