@@ -209,6 +209,36 @@ async def test_a_hanging_destination_keeps_no_more_than_its_share_while_another_
     assert max(in_flight) == 8, in_flight  # answered, and alone: every slot
 
 
+async def test_a_destination_whose_attempts_end_unanswered_keeps_to_its_share_however_many_ended(
+    engine: Engine, aengine: AsyncEngine
+) -> None:
+    """`a`'s attempts end at once without an answer (as a timeout does: Retry), `b`'s wait until released: of 8
+    slots (a share of 2), `a` never has more than 2 attempts in flight while `b` has due heads, however many of
+    its attempts have ended. An ended attempt is not an answer: when any end counted as one, the claim after
+    `a`'s first timeout let it pass its share and gave it every free slot (up to 6 in flight here)."""
+    insert_due(engine, 20, prefix="a", destination="a", due_hours_ago=1.0)
+    insert_due(engine, 10, prefix="b", destination="b")
+    released = asyncio.Event()
+    in_flight: list[int] = []  # a's attempts in flight as each of them ran
+
+    async def behaviour(attempt: ActionAttempt) -> Result:
+        if attempt.action.destination == "a":
+            in_flight.append(executor._by_destination["a"])
+            return Retry("no answer within 15 s", after=3600.0)
+        await released.wait()
+        return await fence_and_confirm(attempt)
+
+    executor = Executor(aengine, [ScriptedAdapter(kinds.NOOP, behaviour)], ExecutorConfig(concurrency=8), listen=False)
+    running = asyncio.create_task(executor.run(until_idle=True))
+    try:
+        await until_async(lambda: _true(len(in_flight) == 20), 30, "every head of a tried while b waits")
+    finally:
+        released.set()
+        await running
+    assert max(in_flight) <= 2, in_flight
+    assert await done(aengine, "b", 10)
+
+
 async def _true(value: bool) -> bool:
     return value
 

@@ -56,12 +56,14 @@ from outbox.executor.outcomes import EndedAction, Outcomes
 from outbox.executor.results import (
     Abandoned,
     Cancelled,
+    CredentialsRefused,
     Defer,
     Done,
     Failed,
     OutboxFault,
     Result,
     Retry,
+    SlowDown,
     Uncertain,
     result_name,
 )
@@ -118,7 +120,8 @@ class Executor:
         self._inflight: dict[asyncio.Task[None], ActionAttempt] = {}
         # attempts in flight by destination: the claim keeps each within its share while others have due heads
         self._by_destination: Counter[str] = Counter()
-        # the destinations an attempt of this executor has ended for: only they may pass their share
+        # the destinations whose last attempt here that the provider decided was answered (accepted or refused
+        # for good): only they may pass their share. A timeout, an error, a slow-down takes one out of it
         self._answered: set[str] = set()
         # until when (loop time) the claim is plain although one destination is past its share: the last claim
         # by shares found no other destination's head
@@ -377,7 +380,6 @@ class Executor:
         attempt = self._inflight.pop(task, None)
         if attempt is not None:
             self._destinations.ended(attempt.action)
-            self._answered.add(attempt.action.destination)
             self._by_destination[attempt.action.destination] -= 1
             if self._by_destination[attempt.action.destination] <= 0:
                 del self._by_destination[attempt.action.destination]
@@ -391,6 +393,7 @@ class Executor:
         ) as span:
             result = await self._result_of(attempt)
             result = await self._told_destinations(action, result)
+            self._note_answer(action.destination, result)
             write, recorded = await self._record(attempt, result, started)
             if span.recording:
                 span.finish(*_span_outcome(attempt, result, write, recorded=recorded))
@@ -403,6 +406,17 @@ class Executor:
         except Exception as error:
             log.warning("destination %s: what an attempt told of it was not written: %s", action.destination, error)
             return result
+
+    def _note_answer(self, destination: str, result: Result) -> None:
+        """Whether `destination` answers: an attempt it accepted or refused for good (Done, Failed) lets it pass
+        its share while others have due heads; one it did not answer, or answered by failing (Retry, Uncertain, a
+        slow-down, refused credentials), keeps it to its share until it answers again. A destination whose attempts
+        time out one after another so never takes more than its share, however many of them have ended. Another
+        Defer (one action's "not now"), the executor's own fault, a cancel or an abandon says nothing of it."""
+        if isinstance(result, Done | Failed):
+            self._answered.add(destination)
+        elif isinstance(result, Retry | Uncertain | SlowDown | CredentialsRefused):
+            self._answered.discard(destination)
 
     def _span_attributes(self, action: ClaimedAction) -> dict[str, tracing.AttributeValue]:
         """What an attempt's span says from its start: never the lane key, which may name a person."""

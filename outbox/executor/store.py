@@ -96,8 +96,8 @@ class SlowedDown:
 class Shares:
     """The slots one destination may take in a claim while others have due heads: `cap` for a destination
     with nothing in flight here, and `rooms` (the cap less its attempts in flight) for the others. Only the
-    destinations in `answered` (an attempt of this executor has ended for them) may pass their room: one
-    whose attempts have not come back yet may be hanging."""
+    destinations in `answered` (their last attempt here was accepted or refused for good) may pass their room:
+    one whose attempts have not come back yet, or came back without an answer, may be hanging."""
 
     cap: int
     rooms: Mapping[str, int]

@@ -89,14 +89,17 @@ PAIR_DUE_HEADS = """(
 # the executor's slots: the same heads, found destination by destination, so that a held destination's due
 # heads cost nothing however many they are. The (destination, kind) pairs that have ready heads come from
 # ix_agent_action_ready_destination, one descent each (a loose index scan); the pairs of `:kinds` whose
-# destination is not held give up to `:limit` due heads each, locked, numbered in due order; the `:limit`
+# destination is not held give up to `:limit` due heads each (one that may not pass its room: its room's worth,
+# so that no head is locked that the claim could not take), locked, numbered in due order; the `:limit`
 # claimed are first those within their destination's room (`:rooms` for the destinations this executor has
 # attempts of in flight, `:busy`, else `:cap`), in due order, then the rest, the least far past its room
 # first: while another destination has due heads, none takes more than its share, and a destination alone
 # still fills every free slot (the rest are let go when the statement ends). Only the destinations of
-# `:answered` (an attempt of this executor has ended for them; null: all) pass their room: one whose
-# attempts have not come back yet may be hanging, and a fresh executor's first claim would otherwise give it
-# half the slots. With `:cap` = `:limit`, no room and `:answered` null, the `:limit` first due.
+# `:answered` (their last attempt here was accepted or refused for good; null: all) pass their room: one whose
+# attempts have not come back yet, or came back unanswered (timed out, failed, slowed down), may be hanging,
+# and a fresh executor's first claim would otherwise give it half the slots. With `:cap` = `:limit`, no room
+# and `:answered` null, the `:limit` first due.
+PAIR_LIMIT = "CASE WHEN d.answered THEN :limit ELSE least(:limit, greatest(0, d.room)) END"
 CLAIM_OPEN_DESTINATION_HEADS = text(f"""
 WITH RECURSIVE ready (destination, kind) AS (
     (SELECT a.destination, a.kind FROM agent_action AS a WHERE a.lane_head AND a.state = 'ADMITTED'
@@ -111,15 +114,15 @@ WITH RECURSIVE ready (destination, kind) AS (
     SELECT b.name, b.room FROM unnest(CAST(:busy AS text[]), CAST(:rooms AS int[])) AS b (name, room)
 ), heads AS MATERIALIZED (
     SELECT h.id FROM ready AS r CROSS JOIN LATERAL (
+        SELECT coalesce((SELECT o.room FROM rooms AS o WHERE o.name = r.destination), :cap) AS room,
+               CAST(:answered AS text[]) IS NULL OR r.destination = ANY (CAST(:answered AS text[])) AS answered
+    ) AS d CROSS JOIN LATERAL (
         SELECT p.id, p.due_at, row_number() OVER (ORDER BY p.due_at) AS n
-          FROM {PAIR_DUE_HEADS.format(p="r", limit=":limit")} AS p
+          FROM {PAIR_DUE_HEADS.format(p="r", limit=PAIR_LIMIT)} AS p
     ) AS h
      WHERE r.kind = ANY (CAST(:kinds AS text[]))
        AND r.destination <> ALL (ARRAY(SELECT name FROM agent_destination WHERE {HELD}))
-       AND (h.n <= coalesce((SELECT o.room FROM rooms AS o WHERE o.name = r.destination), :cap)
-            OR CAST(:answered AS text[]) IS NULL OR r.destination = ANY (CAST(:answered AS text[])))
-     ORDER BY greatest(0, h.n - coalesce((SELECT o.room FROM rooms AS o WHERE o.name = r.destination), :cap)),
-              h.due_at
+     ORDER BY greatest(0, h.n - d.room), h.due_at
      LIMIT :limit
 ){TAKE_HEADS}
 """)
