@@ -1,6 +1,7 @@
 """A healthy endpoint B beside a broken endpoint A: B's drain and pickup, alone and while A is broken.
 
     python -m bench.broken_neighbour [--actions 1000] [--lanes 100] [--rounds 3] [--modes alone,503,...]
+                                     [--while-broken] [--break-seconds 120]
 
     each round, alternated: B alone, then B beside A in each mode
         503        A answers 503 without Retry-After to everything (slow-downs only)
@@ -11,9 +12,13 @@
     ──▶ a fresh database; A's actions enqueued first (due first), then B's `--actions` over `--lanes` lanes;
         two executors (outbox.executor.Executor, one process, a WebhookAdapter each, ExecutorConfig's
         defaults) start together
-    ──▶ B's drain (start to its last DONE) and B's pickup p95 (an action's fence less the time it could be
-        claimed: its due time, or its lane's previous action's end, whichever came later), with the load
-        average at the end of the run
+    --while-broken: B's actions wait (due in a day) until A's breaker has opened (agent_destination.broken_since),
+        then all become due in one statement, which also notifies the executors; B alone is made due as soon as
+        the executors run. Without it, B is measured from the start, while A fails and holds its share of each
+        executor's slots (a quarter) until its failures have lasted `--break-seconds` (the shipped 120 s).
+    ──▶ B's drain (start, or B made due, to its last DONE) and B's pickup p95 (an action's fence less the time
+        it could be claimed: its due time, or its lane's previous action's end, whichever came later), with
+        the load average at the end of the run
     ─▶ a Markdown table: per mode, the median and spread (min-max) of the rounds, and the ratio of each
        round's figure to the same round's B alone
 
@@ -83,6 +88,17 @@ SELECT extract(epoch FROM write_started_at - greatest(due_at, coalesce(previous_
 """
 
 
+# --while-broken: B's actions held back until A is broken, then due at once; the executors hear of it as of an
+# enqueue
+HOLD_B = "UPDATE agent_action SET due_at = now() + interval '1 day' WHERE destination = 'webhook:b'"
+RELEASE_B = (
+    "UPDATE agent_action SET due_at = now() WHERE destination = 'webhook:b'; SELECT pg_notify('outbox_action', '')"
+)
+A_BROKEN = "SELECT count(*) FROM agent_destination WHERE name = 'webhook:a' AND broken_since IS NOT NULL"
+# the longest A may take to break
+BREAK_WAIT_SECONDS = 900.0
+
+
 def enqueue(engine: Engine, definition: NumberedHook, count: int, lanes: int) -> None:
     with engine.begin() as conn:
         for n in range(count):
@@ -95,22 +111,30 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-async def one_run(url: str, engine: Engine, mode: str, actions: int, lanes: int, ports: tuple[int, int]) -> Run:
+async def one_run(url: str, engine: Engine, mode: str, args: argparse.Namespace, ports: tuple[int, int]) -> Run:
     """One run on a fresh database; the endpoints' receivers start anew on the same `ports` each run (the
     endpoints are registered once, with their URLs)."""
     a, b = Receiver(SECRET, port=ports[0]).start(), Receiver(SECRET, port=ports[1]).start()
     a.refusing = "503" if mode == "503" else "stall"
     if mode != "alone":
-        enqueue(engine, TO_A, actions, 10 * lanes if mode.startswith("hang-lanes") else lanes)
-    enqueue(engine, TO_B, actions, lanes)
+        enqueue(engine, TO_A, args.actions, 10 * args.lanes if mode.startswith("hang-lanes") else args.lanes)
+    enqueue(engine, TO_B, args.actions, args.lanes)
+    if args.while_broken:
+        with engine.begin() as conn:
+            conn.execute(text(HOLD_B))
     aengine = async_engine(url)
     adapters = [WebhookAdapter(aengine) for _ in range(2)]
-    config = ExecutorConfig(destination_slots=DEFAULTS.concurrency) if mode.endswith("unshared") else DEFAULTS
+    slots = DEFAULTS.concurrency if mode.endswith("unshared") else None
+    config = ExecutorConfig(break_seconds=args.break_seconds, destination_slots=slots)
     executors = [Executor(aengine, [adapter], config) for adapter in adapters]
     loop = asyncio.get_running_loop()
-    started = loop.time()
     tasks = [asyncio.create_task(executor.run()) for executor in executors]
     try:
+        if args.while_broken:
+            await _until_a_broken(engine, mode, loop.time() + BREAK_WAIT_SECONDS)
+            with engine.begin() as conn:
+                conn.execute(text(RELEASE_B))
+        started = loop.time()
         while _b_left(engine):
             if loop.time() - started > DRAIN_SECONDS:
                 raise RuntimeError(f"B not drained after {DRAIN_SECONDS:.0f} s ({mode})")
@@ -130,6 +154,17 @@ async def one_run(url: str, engine: Engine, mode: str, actions: int, lanes: int,
         pickups = sorted(float(p) for (p,) in conn.execute(text(PICKUPS)))
     p95 = pickups[max(0, round(0.95 * len(pickups)) - 1)]
     return Run(mode, drained, p95, load_average())
+
+
+async def _until_a_broken(engine: Engine, mode: str, deadline: float) -> None:
+    """Wait until A's breaker has opened (at once for B alone)."""
+    while mode != "alone":
+        with engine.connect() as conn:
+            if conn.execute(text(A_BROKEN)).scalar_one():
+                return
+        if asyncio.get_running_loop().time() > deadline:
+            raise RuntimeError(f"A not broken after {BREAK_WAIT_SECONDS:.0f} s ({mode})")
+        await asyncio.sleep(0.5)
 
 
 def _b_left(engine: Engine) -> int:
@@ -168,6 +203,8 @@ def main() -> None:
     parser.add_argument("--lanes", type=int, default=100)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--modes", default=",".join(MODES), help="the modes run in each round, in this order")
+    parser.add_argument("--while-broken", action="store_true", help="measure B once A's breaker has opened")
+    parser.add_argument("--break-seconds", type=float, default=DEFAULTS.break_seconds, help="the breaker's window")
     args = parser.parse_args()
     modes = ["alone", *(m for m in args.modes.split(",") if m != "alone")]
     if unknown := set(modes) - set(MODES):
@@ -183,7 +220,7 @@ def main() -> None:
         found: dict[str, Run] = {}
         for mode in modes:
             with fresh_database(server_url(), "outbox_bench_broken_neighbour") as (url, engine):
-                found[mode] = asyncio.run(one_run(url, engine, mode, args.actions, args.lanes, ports))
+                found[mode] = asyncio.run(one_run(url, engine, mode, args, ports))
             run = found[mode]
             print(
                 f"round {n + 1} {mode}: B drained in {run.drain_seconds:.1f} s, pickup p95 {run.pickup_p95:.2f} s"

@@ -24,6 +24,7 @@ from outbox.executor.executor import ALONE_SECONDS
 from outbox.executor.outcomes import Outcomes
 from outbox.executor.pacing import BREAK_FAILURES
 from outbox.executor.results import Done, Retry, SlowDown
+from outbox.executor.slow_start import INITIAL_WINDOW
 from outbox.executor.store import ExecutorStore
 from tests import kinds
 from tests.adapters import ScriptedAdapter, fence_and_confirm
@@ -237,6 +238,36 @@ async def test_a_destination_whose_attempts_end_unanswered_keeps_to_its_share_ho
         await running
     assert max(in_flight) <= 2, in_flight
     assert await done(aengine, "b", 10)
+
+
+async def test_a_destination_that_has_not_answered_takes_no_more_heads_than_its_slow_start_sends(
+    engine: Engine, aengine: AsyncEngine
+) -> None:
+    """At the defaults (64 slots, a share of 16), `a`'s attempts end without an answer and `b`'s wait: `a` never
+    has more than INITIAL_WINDOW attempts in flight, the most its slow start lets send at once (the rest of a
+    share would only wait at the gate, each holding a slot that `b` could use), from the first claim on."""
+    insert_due(engine, 40, prefix="a", destination="a", due_hours_ago=1.0)
+    insert_due(engine, 100, prefix="b", destination="b")
+    released = asyncio.Event()
+    in_flight: list[int] = []  # a's attempts in flight as each of them ran
+
+    async def behaviour(attempt: ActionAttempt) -> Result:
+        if attempt.action.destination == "a":
+            await attempt.fence().begin_write()  # past the gate, as a request that then times out
+            in_flight.append(executor._by_destination["a"])
+            return Retry("no answer within 15 s", after=3600.0)
+        await released.wait()
+        return await fence_and_confirm(attempt)
+
+    executor = Executor(aengine, [ScriptedAdapter(kinds.NOOP, behaviour)], ExecutorConfig(), listen=False)
+    running = asyncio.create_task(executor.run(until_idle=True))
+    try:
+        await until_async(lambda: _true(len(in_flight) == 40), 30, "every head of a tried while b waits")
+    finally:
+        released.set()
+        await running
+    assert max(in_flight) <= INITIAL_WINDOW < executor.config.destination_share, in_flight
+    assert await done(aengine, "b", 100)
 
 
 async def _true(value: bool) -> bool:

@@ -34,7 +34,8 @@ class ExecutorConfig:
     break_seconds: float = 120.0
     probe_seconds: float = 15.0
     # the most attempts of one destination in flight here while another destination has due heads (None: a
-    # quarter of `concurrency`); a destination alone still takes every free slot
+    # quarter of `concurrency`); a destination alone that answers still takes every free slot, and one that
+    # has not answered no more than its slow start sends (outbox.executor.executor's claim)
     destination_slots: int | None = None
 
     def __post_init__(self) -> None:

@@ -129,6 +129,15 @@ class Destinations:
         """Whether the last refresh, or an attempt since, found a destination of this executor's kinds held."""
         return bool(self._held)
 
+    def window(self, name: str) -> int | None:
+        """How many attempts of `name` its slow start lets send at once; more of its heads claimed would wait at
+        the gate (None: proven, or held, when its pace and probes bound it instead)."""
+        return None if name in self._held else self._slow_start.window(name)
+
+    def starting(self) -> list[str]:
+        """The open destinations met here and not yet proven."""
+        return [name for name in self._slow_start.starting() if name not in self._held]
+
     async def claim(self, limit: int, lease_seconds: float, kinds: list[str]) -> list[ClaimedAction]:
         """Up to `limit` heads of the held destinations whose time has come, one statement each."""
         loop = asyncio.get_running_loop()

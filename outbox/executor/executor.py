@@ -67,6 +67,7 @@ from outbox.executor.results import (
     Uncertain,
     result_name,
 )
+from outbox.executor.slow_start import INITIAL_WINDOW
 from outbox.executor.store import CALL_SECONDS, ExecutorStore, Shares
 from outbox.faults import own_database_fault
 from outbox.kinds import ActionKind
@@ -280,21 +281,30 @@ class Executor:
             return None
         if asyncio.get_running_loop().time() < self._alone_until:
             return None
-        rooms = {name: share - n for name, n in self._by_destination.items() if n > 0}
-        return Shares(share, rooms, frozenset(self._answered))
+        rooms = {name: self._most(name, share) - n for name, n in self._by_destination.items() if n > 0}
+        for name in self._destinations.starting():
+            rooms.setdefault(name, self._most(name, share))
+        # any other destination: its share, or what a slow start sends at first when it has not answered
+        return Shares(min(share, INITIAL_WINDOW), rooms, frozenset(self._answered))
+
+    def _most(self, name: str, share: int) -> int:
+        """The most attempts of `name` a claim by shares leaves in flight here: its share, and while it has not
+        answered, no more than its slow start lets send (the rest would hold slots waiting at the gate)."""
+        window = None if name in self._answered else self._destinations.window(name)
+        return share if window is None else min(share, window)
 
     def _note_alone(self, shares: Shares, claimed: list[ClaimedAction]) -> None:
         """After a claim by shares: when every head it took is of one destination, more of them than its room,
-        and no other destination had attempts in flight here, no other destination had a due head (its room
-        was the whole share, and the claim takes the heads within their rooms before any past one), so the
-        claims of the next ALONE_SECONDS are plain. A busy executor serving one destination (one relay) so
-        pays the claim by destination about once a second, not at every claim; another destination's new
-        heads wait at most that long for their share."""
+        and every other destination had room left, no other destination had a due head (the claim takes the
+        heads within their rooms before any past one), so the claims of the next ALONE_SECONDS are plain. A
+        busy executor serving one destination (one relay) so pays the claim by destination about once a
+        second, not at every claim; another destination's new heads wait at most that long for their share."""
         destinations = {action.destination for action in claimed}
         if len(destinations) != 1:
             return
         alone = destinations.pop()
-        if len(claimed) > shares.rooms.get(alone, shares.cap) and shares.rooms.keys() <= {alone}:
+        others_had_room = all(room > 0 for name, room in shares.rooms.items() if name != alone)
+        if len(claimed) > shares.rooms.get(alone, shares.cap) and others_had_room:
             self._alone_until = asyncio.get_running_loop().time() + ALONE_SECONDS
 
     async def _start(self, claim: Awaitable[list[ClaimedAction]]) -> list[ClaimedAction]:

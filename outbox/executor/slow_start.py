@@ -47,6 +47,14 @@ class SlowStart:
     def proven(self, name: str) -> bool:
         return name in self._proven
 
+    def window(self, name: str) -> int | None:
+        """How many attempts of `name` may send at once (None: proven, as many as there are)."""
+        return None if name in self._proven else self._windows.get(name, min(INITIAL_WINDOW, self._full))
+
+    def starting(self) -> list[str]:
+        """The destinations met and not yet proven."""
+        return list(self._windows)
+
     async def enter(self, action: ClaimedAction, held: Container[str]) -> None:
         """Wait until `action`'s destination has room in its window, is proven, or is in `held`."""
         name = action.destination

@@ -95,7 +95,8 @@ class SlowedDown:
 @dataclass(frozen=True)
 class Shares:
     """The slots one destination may take in a claim while others have due heads: `cap` for a destination
-    with nothing in flight here, and `rooms` (the cap less its attempts in flight) for the others. Only the
+    with nothing in flight here, and `rooms` (the cap, or the slow start's window of one that has not answered
+    if smaller, less its attempts in flight) for the others. Only the
     destinations in `answered` (their last attempt here was accepted or refused for good) may pass their room:
     one whose attempts have not come back yet, or came back without an answer, may be hanging."""
 
