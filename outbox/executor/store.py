@@ -15,7 +15,8 @@ an application's enqueue into its lanes never waits for it. The parameters and t
 objects live here, beside the calls.
 
 Every call has an answer within CALL_SECONDS or fails as a lost connection: its statements never wait for a
-lock (SKIP LOCKED) and take milliseconds, so a call without an answer means a database or a network that
+lock (SKIP LOCKED) but for a moment on a destination's row (on a connection of their own), and take
+milliseconds, so a call without an answer means a database or a network that
 stopped answering, which neither a statement timeout (the server's) nor TCP (a pooler or a proxy keeps
 acknowledging) may ever report. The connection is then closed unread, and the next call opens a new one
 (`outbox.connection.connect_async`: through a pooler, nothing is prepared on the server).
@@ -140,16 +141,11 @@ def bucket(seconds: float) -> float:
     return next(le for le in LATENCY_BUCKETS if seconds <= le)
 
 
-class ExecutorStore:
-    """The executor's statements, each a transaction of its own, on a connection this store holds.
-
-    The connection is psycopg's own, opened from `url` (libpq parameters: `outbox.db.conninfo` of the
-    executor's engine, timeouts included) on first use, in autocommit, and kept: a claim or a group commit
-    costs one round trip and no pool checkout. A lost connection, or a call with no answer within
-    CALL_SECONDS, raises psycopg's OperationalError (an own fault, `outbox.faults.own_database_fault`); the
-    next call opens a new connection. The executor's loop and its attempts share the connection, so its
-    statements run one by one, never in a transaction that would take in another task's statements.
-    """
+class _Session:
+    """One connection of the store: psycopg's own, opened from `url` on first use, in autocommit, and kept. A
+    lost connection, or a call with no answer within CALL_SECONDS, raises psycopg's OperationalError (an own
+    fault, `outbox.faults.own_database_fault`); the next call opens a new connection. Its callers share it, so
+    its statements run one by one, never in a transaction that would take in another task's statements."""
 
     def __init__(self, url: str) -> None:
         self._url = url
@@ -160,26 +156,18 @@ class ExecutorStore:
             conn, self._conn = self._conn, None
             await conn.close()
 
-    async def _connection(self) -> psycopg.AsyncConnection[Any]:
+    async def connection(self) -> psycopg.AsyncConnection[Any]:
         if self._conn is None or self._conn.closed:
             self._conn = await connect_async(self._url, autocommit=True, row_factory=namedtuple_row)
         return self._conn
 
-    async def _rows(self, statement: TextClause, params: dict[str, Any]) -> list[Any]:
-        return await self._bounded(lambda conn: _fetch(conn, statement, params))
-
-    async def _binary_rows(self, statement: TextClause, params: dict[str, Any]) -> list[Any]:
-        """`_rows`, every list parameter sent in binary format (`binary_arrays`)."""
-        sql = binary_arrays(statement, frozenset(name for name, value in params.items() if isinstance(value, list)))
-        return await self._bounded(lambda conn: _fetch_sql(conn, sql, params))
-
-    async def _bounded(self, work: Callable[[psycopg.AsyncConnection[Any]], Awaitable[_T]]) -> _T:
-        """`work` on this store's connection, answered within CALL_SECONDS or failed as a lost connection.
+    async def bounded(self, work: Callable[[psycopg.AsyncConnection[Any]], Awaitable[_T]]) -> _T:
+        """`work` on this connection, answered within CALL_SECONDS or failed as a lost connection.
 
         The wait is not a cancellation of `work`: psycopg answers one by asking the server to cancel and
         waiting up to 10 s more, which a silent network never answers. The connection is dropped first,
         so the cancellation finds nothing to ask."""
-        conn = await self._connection()
+        conn = await self.connection()
         task = asyncio.ensure_future(work(conn))
         try:
             done, _ = await asyncio.wait({task}, timeout=CALL_SECONDS)
@@ -205,6 +193,41 @@ class ExecutorStore:
         if conn is not None:
             with contextlib.suppress(Exception):
                 conn.pgconn.finish()
+
+
+class ExecutorStore:
+    """The executor's statements, each a transaction of its own, on two connections this store holds (each a
+    `_Session`, from `url`: libpq parameters, `outbox.db.conninfo` of the executor's engine, timeouts included).
+
+    The claims, the sweep and the group commit run on one: a claim or a group commit costs one round trip and
+    no pool checkout. The statements an attempt makes of its destination's row (its turn, a slow-down, a
+    failure, refused credentials, a mend) run on the other, opened when the first is made: they lock that row
+    and may wait for another executor's statement on it, and the claims and commits of every other
+    destination must never wait behind them (a receiver answering 503s to one executor's attempts once held
+    its claims and commits up to 100 ms at a time).
+    """
+
+    def __init__(self, url: str) -> None:
+        self._main = _Session(url)
+        self._destination_rows = _Session(url)
+
+    async def close(self) -> None:
+        await self._main.close()
+        await self._destination_rows.close()
+
+    async def _connection(self) -> psycopg.AsyncConnection[Any]:
+        return await self._main.connection()
+
+    async def _rows(self, statement: TextClause, params: dict[str, Any], *, on: _Session | None = None) -> list[Any]:
+        return await (on or self._main).bounded(lambda conn: _fetch(conn, statement, params))
+
+    async def _binary_rows(self, statement: TextClause, params: dict[str, Any]) -> list[Any]:
+        """`_rows`, every list parameter sent in binary format (`binary_arrays`)."""
+        sql = binary_arrays(statement, frozenset(name for name, value in params.items() if isinstance(value, list)))
+        return await self._main.bounded(lambda conn: _fetch_sql(conn, sql, params))
+
+    async def _bounded(self, work: Callable[[psycopg.AsyncConnection[Any]], Awaitable[_T]]) -> _T:
+        return await self._main.bounded(work)
 
     async def merge_tallies(self, bound_ms: int) -> bool:
         """Fold the tally rows in one transaction whose every statement and pause is bounded by `bound_ms`;
@@ -263,12 +286,12 @@ class ExecutorStore:
     async def take_send_token(self, name: str, pacing: Mapping[str, float]) -> Turn:
         """An attempt of the held destination `name`, before its fence (destinations.TAKE_SEND_TOKEN): its
         turn (its token is taken unless the destination is paused)."""
-        rows = await self._rows(destinations.TAKE_SEND_TOKEN, {"name": name, **pacing})
+        rows = await self._rows(destinations.TAKE_SEND_TOKEN, {"name": name, **pacing}, on=self._destination_rows)
         return Turn(rows[0].wait_seconds, rows[0].paused, rows[0].slowed_at) if rows else Turn(0.0, False, None)
 
     async def slowed_at(self, name: str) -> float | None:
         """When the provider last paused `name` (epoch seconds; None: never, or no row)."""
-        rows = await self._rows(destinations.SLOWED_AT, {"name": name})
+        rows = await self._rows(destinations.SLOWED_AT, {"name": name}, on=self._destination_rows)
         return rows[0].slowed_at if rows else None
 
     async def held_destinations(self) -> list[tuple[str, str, bool]]:
@@ -305,7 +328,7 @@ class ExecutorStore:
                 await _fetch(conn, destinations.NOTIFY_PAUSED, {"kind": kind, "name": name})
             return SlowedDown(row.pause_seconds, row.pace, row.newly_paused)
 
-        return await self._bounded(write)
+        return await self._destination_rows.bounded(write)
 
     async def note_failure(self, name: str, kind: str, breaker: Mapping[str, float]) -> FailureRun:
         """One more failed attempt or slow-down of `name` (destinations.NOTE_FAILURE, `breaker`: its `window`,
@@ -317,7 +340,7 @@ class ExecutorStore:
             row = (await _fetch(conn, destinations.NOTE_FAILURE, {"name": name, **breaker}))[0]
             return FailureRun(row.failures, row.failing_seconds, row.newly, row.broken)
 
-        return await self._bounded(write)
+        return await self._destination_rows.bounded(write)
 
     async def refuse_credentials(self, name: str, kind: str, reason: str, probe_seconds: float) -> bool:
         """The provider refused `name`'s credentials (destinations.REFUSE_CREDENTIALS): broken for every
@@ -328,11 +351,11 @@ class ExecutorStore:
             params = {"name": name, "reason": reason, "probe_seconds": probe_seconds}
             return bool((await _fetch(conn, destinations.REFUSE_CREDENTIALS, params))[0].newly)
 
-        return await self._bounded(write)
+        return await self._destination_rows.bounded(write)
 
     async def mend_destination(self, name: str) -> bool:
         """`name` is no longer broken; whether it was."""
-        return bool(await self._rows(destinations.MEND, {"name": name}))
+        return bool(await self._rows(destinations.MEND, {"name": name}, on=self._destination_rows))
 
     async def sweep(
         self, executor_id: str, free: int, lease_seconds: float, kinds: list[str], at_most_once: list[str]
