@@ -121,8 +121,8 @@ class Executor:
         self._inflight: dict[asyncio.Task[None], ActionAttempt] = {}
         # attempts in flight by destination: the claim keeps each within its share while others have due heads
         self._by_destination: Counter[str] = Counter()
-        # the destinations whose last attempt here that the provider decided was answered (accepted or refused
-        # for good): only they may pass their share. A timeout, an error, a slow-down takes one out of it
+        # the destinations whose last attempt here was answered (accepted, or refused for good): only they may
+        # pass their share. A timeout, an error, a slow-down takes one out of it (_note_answer)
         self._answered: set[str] = set()
         # until when (loop time) the claim is plain although one destination is past its share: the last claim
         # by shares found no other destination's head
