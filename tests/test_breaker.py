@@ -217,25 +217,7 @@ async def test_a_destination_whose_attempts_end_unanswered_keeps_to_its_share_ho
     slots (a share of 2), `a` never has more than 2 attempts in flight while `b` has due heads, however many of
     its attempts have ended. An ended attempt is not an answer: when any end counted as one, the claim after
     `a`'s first timeout let it pass its share and gave it every free slot (up to 6 in flight here)."""
-    insert_due(engine, 20, prefix="a", destination="a", due_hours_ago=1.0)
-    insert_due(engine, 10, prefix="b", destination="b")
-    released = asyncio.Event()
-    in_flight: list[int] = []  # a's attempts in flight as each of them ran
-
-    async def behaviour(attempt: ActionAttempt) -> Result:
-        if attempt.action.destination == "a":
-            in_flight.append(executor._by_destination["a"])
-            return Retry("no answer within 15 s", after=3600.0)
-        await released.wait()
-        return await fence_and_confirm(attempt)
-
-    executor = Executor(aengine, [ScriptedAdapter(kinds.NOOP, behaviour)], ExecutorConfig(concurrency=8), listen=False)
-    running = asyncio.create_task(executor.run(until_idle=True))
-    try:
-        await until_async(lambda: _true(len(in_flight) == 20), 30, "every head of a tried while b waits")
-    finally:
-        released.set()
-        await running
+    in_flight = await unanswered_beside_waiting(engine, aengine, ExecutorConfig(concurrency=8), 20, 10, fence=False)
     assert max(in_flight) <= 2, in_flight
     assert await done(aengine, "b", 10)
 
@@ -246,28 +228,40 @@ async def test_a_destination_that_has_not_answered_takes_no_more_heads_than_its_
     """At the defaults (64 slots, a share of 16), `a`'s attempts end without an answer and `b`'s wait: `a` never
     has more than INITIAL_WINDOW attempts in flight, the most its slow start lets send at once (the rest of a
     share would only wait at the gate, each holding a slot that `b` could use), from the first claim on."""
-    insert_due(engine, 40, prefix="a", destination="a", due_hours_ago=1.0)
-    insert_due(engine, 100, prefix="b", destination="b")
+    config = ExecutorConfig()
+    in_flight = await unanswered_beside_waiting(engine, aengine, config, 40, 100, fence=True)
+    assert max(in_flight) <= INITIAL_WINDOW < config.destination_share, in_flight
+    assert await done(aengine, "b", 100)
+
+
+async def unanswered_beside_waiting(
+    engine: Engine, aengine: AsyncEngine, config: ExecutorConfig, a_heads: int, b_heads: int, *, fence: bool
+) -> list[int]:
+    """`a_heads` of `a` (due an hour ago), whose attempts end at once without an answer (Retry, as a timeout;
+    past the gate and the fence first when `fence`), beside `b_heads` of `b`, whose attempts wait until every
+    head of `a` has been tried: `a`'s attempts in flight as each of them ran. Returns once the executor is idle."""
+    insert_due(engine, a_heads, prefix="a", destination="a", due_hours_ago=1.0)
+    insert_due(engine, b_heads, prefix="b", destination="b")
     released = asyncio.Event()
-    in_flight: list[int] = []  # a's attempts in flight as each of them ran
+    in_flight: list[int] = []
 
     async def behaviour(attempt: ActionAttempt) -> Result:
         if attempt.action.destination == "a":
-            await attempt.fence().begin_write()  # past the gate, as a request that then times out
+            if fence:
+                await attempt.fence().begin_write()  # past the gate, as a request that then times out
             in_flight.append(executor._by_destination["a"])
             return Retry("no answer within 15 s", after=3600.0)
         await released.wait()
         return await fence_and_confirm(attempt)
 
-    executor = Executor(aengine, [ScriptedAdapter(kinds.NOOP, behaviour)], ExecutorConfig(), listen=False)
+    executor = Executor(aengine, [ScriptedAdapter(kinds.NOOP, behaviour)], config, listen=False)
     running = asyncio.create_task(executor.run(until_idle=True))
     try:
-        await until_async(lambda: _true(len(in_flight) == 40), 30, "every head of a tried while b waits")
+        await until_async(lambda: _true(len(in_flight) == a_heads), 30, "every head of a tried while b waits")
     finally:
         released.set()
         await running
-    assert max(in_flight) <= INITIAL_WINDOW < executor.config.destination_share, in_flight
-    assert await done(aengine, "b", 100)
+    return in_flight
 
 
 async def _true(value: bool) -> bool:
