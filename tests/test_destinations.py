@@ -226,16 +226,16 @@ def test_attempts_that_reach_their_fences_bunched_take_turns_at_the_rate_plus_th
             # answer's, plus the wait (the database's clock read the time somewhere in that round trip)
             turns: list[tuple[float, float]] = []
             passed: list[float] = []
-            take_send_token = store.take_send_token
+            take_send_tokens = store.take_send_tokens
 
-            async def taking(name: str, pacing: Any) -> Turn:
+            async def taking(name: str, count: int, pacing: Any) -> list[Turn]:
                 asked = loop.time()
-                turn = await take_send_token(name, pacing)
-                if not turn.paused:
-                    turns.append((asked + turn.wait_seconds, loop.time() + turn.wait_seconds))
-                return turn
+                given = await take_send_tokens(name, count, pacing)
+                answered = loop.time()
+                turns.extend((asked + t.wait_seconds, answered + t.wait_seconds) for t in given if not t.paused)
+                return given
 
-            store.take_send_token = taking  # type: ignore[method-assign]
+            store.take_send_tokens = taking  # type: ignore[method-assign]
 
             async def attempt(n: int) -> None:
                 await destinations.gate(gated_action(n))
@@ -307,15 +307,15 @@ def test_a_turn_that_a_pause_voided_while_the_attempt_waited_is_taken_again(engi
         await destinations.refresh([kinds.NOOP.name])
         turns: list[Turn] = []
         first_given = asyncio.Event()
-        take_send_token = store.take_send_token
+        take_send_tokens = store.take_send_tokens
 
-        async def taking(name: str, pacing: Any) -> Turn:
-            turn = await take_send_token(name, pacing)
-            turns.append(turn)
+        async def taking(name: str, count: int, pacing: Any) -> list[Turn]:
+            given = await take_send_tokens(name, count, pacing)
+            turns.extend(given)
             first_given.set()
-            return turn
+            return given
 
-        store.take_send_token = taking  # type: ignore[method-assign]
+        store.take_send_tokens = taking  # type: ignore[method-assign]
         waiting = asyncio.create_task(destinations.gate(gated_action(1)))
         await first_given.wait()
         slowed = await store.slow_down("test_noop", "TEST_NOOP", None, "mail: 454; slow down", SLOW_DOWN)
@@ -330,11 +330,11 @@ def test_a_turn_that_a_pause_voided_while_the_attempt_waited_is_taken_again(engi
 
 
 def test_attempts_whose_turns_are_too_far_off_defer_without_taking_a_turn(engine: Engine) -> None:
-    """A pace of 2 a second and 40 attempts at its gate at once (as when the pace is lowered under the attempts
-    already claimed): the first take turns up to GATE_WAIT_SECONDS away, the rest are told a turn further off
-    and take none, so the next one's turn is no further off than theirs, and an executor's attempt then defers
-    at once. (Had each taken its turn, every later one would be further off, until no attempt's turn came
-    within GATE_WAIT_SECONDS and the destination sent nothing while its backlog waited.)"""
+    """A pace of 2 a second and 40 attempts asking for their turns in one statement (as when the pace is lowered
+    under the attempts already claimed): the first take turns up to GATE_WAIT_SECONDS away, the rest are told a
+    turn further off and take none, so the next one's turn is no further off than theirs, and an executor's
+    attempt then defers at once. (Had each taken its turn, every later one would be further off, until no
+    attempt's turn came within GATE_WAIT_SECONDS and the destination sent nothing while its backlog waited.)"""
     pace = 2.0
     with engine.begin() as conn:
         conn.execute(
@@ -348,7 +348,8 @@ def test_attempts_whose_turns_are_too_far_off_defer_without_taking_a_turn(engine
     async def gate(store: ExecutorStore) -> tuple[list[float], str]:
         destinations = Destinations(store, [], ExecutorConfig(), Outcomes())
         await destinations.refresh([kinds.NOOP.name])
-        waits = [(await store.take_send_token("test_noop", destinations._gate_params)).wait_seconds for _ in range(40)]
+        turns = await store.take_send_tokens("test_noop", 40, PACE | {"gate_wait": GATE_WAIT_SECONDS})
+        waits = [turn.wait_seconds for turn in turns]
         with pytest.raises(DestinationWaits) as deferred:
             await destinations.gate(gated_action(1))
         return waits, str(deferred.value)
@@ -359,6 +360,52 @@ def test_attempts_whose_turns_are_too_far_off_defer_without_taking_a_turn(engine
     told = waits[len(taken) :]
     assert told and all(GATE_WAIT_SECONDS < wait < GATE_WAIT_SECONDS + 1 for wait in told), told  # no further off
     assert "its turn is" in deferred, deferred
+
+
+def test_the_attempts_at_one_gate_together_take_their_turns_in_one_statement(engine: Engine) -> None:
+    """20 attempts of a destination paced at 10 a second, its bucket empty, reach one executor's gate at once:
+    their turns are taken in one statement (not 20, each locking the destination's row), one token apart in
+    the order asked; every attempt passes the gate after its turn, and the row holds the 20 tokens taken."""
+    pace, count = 10.0, 20
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO agent_destination (name, kind, pace, pace_at, send_tokens, send_tokens_at)"
+                " VALUES ('test_noop', 'TEST_NOOP', :pace, now(), 0, now())"
+            ),
+            {"pace": pace},
+        )
+
+    async def gate(store: ExecutorStore) -> tuple[list[list[Turn]], list[float]]:
+        destinations = Destinations(store, [], ExecutorConfig(), Outcomes())
+        await destinations.refresh([kinds.NOOP.name])
+        loop = asyncio.get_running_loop()
+        statements: list[list[Turn]] = []
+        take_send_tokens = store.take_send_tokens
+
+        async def taking(name: str, count: int, pacing: Any) -> list[Turn]:
+            given = await take_send_tokens(name, count, pacing)
+            statements.append(given)
+            return given
+
+        store.take_send_tokens = taking  # type: ignore[method-assign]
+        started = loop.time()
+
+        async def attempt(n: int) -> float:
+            await destinations.gate(gated_action(n))
+            return loop.time() - started
+
+        passed = await asyncio.gather(*(attempt(n) for n in range(count)))
+        return statements, list(passed)
+
+    statements, passed = run(with_store(engine, gate))
+    assert [len(given) for given in statements] == [count], statements
+    waits = [turn.wait_seconds for turn in statements[0]]
+    assert 0 < waits[0] <= 1 / pace and all(b - a == pytest.approx(1 / pace, rel=0.01) for a, b in pairwise(waits)), waits
+    assert all(after >= wait for after, wait in zip(passed, waits, strict=True)), (passed, waits)  # each its own
+    with engine.connect() as conn:
+        tokens = conn.execute(text("SELECT send_tokens FROM agent_destination")).scalar_one()
+    assert -count < tokens < -count + 1, tokens  # 20 taken from what the bucket had refilled (under one)
 
 
 async def test_an_attempt_whose_destination_paused_after_its_claim_defers_uncounted(
@@ -678,7 +725,7 @@ def test_an_idle_pace_holds_and_starts_its_curve_again_from_there_when_used(engi
     held = 10 * (LEVELLED + (LEVELLED - 1) * x**3)
     with engine.connect() as conn:
         assert only_destination(conn).pace == pytest.approx(held, rel=0.01)  # as the gauge and the CLI read it
-    turn = run(with_store(engine, lambda store: store.take_send_token("test_noop", PACE | {"gate_wait": 10.0})))
+    (turn,) = run(with_store(engine, lambda store: store.take_send_tokens("test_noop", 1, PACE | {"gate_wait": 10.0})))
     assert turn.wait_seconds == 0 and not turn.paused
     with engine.connect() as conn:
         restarted = conn.execute(

@@ -9,7 +9,8 @@
               seconds until it may allow more (its pause's end, its probe, its next token): `wake_at`
     fence ──▶ gate(): an attempt of an open destination not yet proven waits for room in its window
               (outbox.executor.slow_start); one of a destination whose slow-down this executor is writing
-              waits for the write; an attempt of a held destination takes its turn (TAKE_SEND_TOKEN) and waits for it;
+              waits for the write; an attempt of a held destination takes its turn (outbox.executor.turns: the
+              turns of its attempts waiting at once in one statement, TAKE_SEND_TOKENS) and waits for it;
               paused, it waits the pause and asks again; a turn a provider's pause voided while it waited
               (SLOWED_AT): it takes another; a wait over GATE_WAIT_SECONDS: DestinationWaits
     result ──SlowDown──▶ held here at once; slow_down: pause and lower the pace for every executor; the
@@ -53,6 +54,7 @@ from outbox.executor.pacing import (
 from outbox.executor.results import CredentialsRefused, Done, Failed, Result, Retry, SlowDown
 from outbox.executor.slow_start import SlowStart
 from outbox.executor.store import ExecutorStore
+from outbox.executor.turns import Turns
 from outbox.rates import Rate
 
 log = logging.getLogger("outbox.executor")
@@ -78,7 +80,7 @@ class Destinations:
         self._rates = adapter_rates(adapters)
         self._config = config
         self._claim_params = PACE | {"probe_seconds": config.probe_seconds}
-        self._gate_params = PACE | {"gate_wait": GATE_WAIT_SECONDS}
+        self._turns = Turns(store, PACE | {"gate_wait": GATE_WAIT_SECONDS})
         self._breaker = {
             "window": config.break_seconds,
             "min_failures": BREAK_FAILURES,
@@ -175,7 +177,7 @@ class Destinations:
         while name in self._slowing:
             await self._slowing[name].wait()
         while name in self._held:
-            turn = await self._store.take_send_token(name, self._gate_params)
+            turn = await self._turns.take(name)
             wait = turn.wait_seconds
             if wait > GATE_WAIT_SECONDS:  # an operator's pause without end is Infinity: the longest wait then
                 why = "paused" if turn.paused else "its turn is"

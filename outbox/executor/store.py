@@ -283,11 +283,14 @@ class ExecutorStore:
         claimed = [claimed_action(row, fresh=True) for row in rows if row.id is not None]
         return claimed, rows[0].next_seconds if rows else None
 
-    async def take_send_token(self, name: str, pacing: Mapping[str, float]) -> Turn:
-        """An attempt of the held destination `name`, before its fence (destinations.TAKE_SEND_TOKEN): its
-        turn (its token is taken unless the destination is paused)."""
-        rows = await self._rows(destinations.TAKE_SEND_TOKEN, {"name": name, **pacing}, on=self._destination_rows)
-        return Turn(rows[0].wait_seconds, rows[0].paused, rows[0].slowed_at) if rows else Turn(0.0, False, None)
+    async def take_send_tokens(self, name: str, count: int, pacing: Mapping[str, float]) -> list[Turn]:
+        """The turns of `count` attempts of the held destination `name`, before their fences, in the order
+        asked (destinations.TAKE_SEND_TOKENS): a token is taken for each turn given, none while it is paused."""
+        params = {"name": name, "count": count, **pacing}
+        rows = await self._rows(destinations.TAKE_SEND_TOKENS, params, on=self._destination_rows)
+        if not rows:
+            return [Turn(0.0, False, None)] * count
+        return [Turn(row.wait_seconds, row.paused, row.slowed_at) for row in rows]
 
     async def slowed_at(self, name: str) -> float | None:
         """When the provider last paused `name` (epoch seconds; None: never, or no row)."""

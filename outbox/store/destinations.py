@@ -7,7 +7,7 @@ rates the executors set, and the operator's view and commands.
                      skips every destination HELD names;
                      CLAIM_DESTINATION_HEADS claims for one held destination: as many heads as its tokens,
                      one probe of a broken one at its probe time, none while it is paused
-    before a fence ─▶ TAKE_SEND_TOKEN                        (an attempt of a held destination: its turn)
+    before a fence ─▶ TAKE_SEND_TOKENS                       (the attempts of a held destination: their turns)
                    ─▶ SLOWED_AT, after waiting for the turn     (a provider's pause since voids it)
     slow-down     ─▶ ADD_DESTINATION, SLOW_DOWN              (pause; lower the pace)
                   ─▶ NOTIFY_PAUSED, when it paused the destination (every executor holds it at once)
@@ -65,7 +65,7 @@ _USED_UNTIL = "{t}.send_tokens_at + make_interval(secs => greatest(:idle, 2 / {t
 # it ever faster (the same curve mirrored), to at most twice itself and one more (a pace far above what the
 # executors reach would only find the limit again by a run of refusals); a pace unlowered for `:pace_hold` seconds
 # is over (null). Above its level t counts only while the pace is used (_USED_UNTIL): an idle pace holds where
-# it was (TAKE_SEND_TOKEN starts its curve again from there when it is used again).
+# it was (TAKE_SEND_TOKENS starts its curve again from there when it is used again).
 _PACE_NOW = f"""CASE WHEN {{t}}.pace IS NULL OR now() - {{t}}.pace_at > make_interval(secs => :pace_hold) THEN NULL
      ELSE least(2 * {{t}}.pace + 1,
                 {{t}}.pace * (:levelled + (:levelled - 1)
@@ -146,18 +146,21 @@ SELECT c.*,
   FROM allowed AS g LEFT JOIN claimed AS c ON true
 """)
 
-# An attempt of a held destination, just before its fence: a token of the second bucket, the one that shapes
-# when attempts reach the provider (the claim's bounds what is in flight). Paused: no token, and `wait_seconds`
-# is the rest of the pause (the attempt asks again after it). Otherwise the token is taken even when the bucket
-# holds less than one (it goes below zero: the turns given to attempts already waiting), and `wait_seconds` is
-# the time until the attempt's turn (0: now); but a turn more than `:gate_wait` seconds away is not taken (the
-# attempt does not wait for it: it ends Defer, and a token it never uses would push every later turn further
-# off, until no attempt's turn came within `:gate_wait` and the destination sent nothing). The bucket refills at
-# the rate or the pace, whichever is lower, and holds as much as the claim's; it starts full, and again from empty
-# at each pause a provider asks for (`slowed_at`, returned with the turn: the turns given before it are void). An
-# open destination (no rate, no pace) never waits. A turn taken after the pace was left idle above its level
-# (_USED_UNTIL passed) starts its curve again from where it held, levelled (`pace_at` `:return_seconds` back).
-TAKE_SEND_TOKEN = text(f"""
+# The attempts of a held destination waiting at one executor's gate, just before their fences: `:count` turns,
+# each a token of the second bucket, the one that shapes when attempts reach the provider (the claim's bounds
+# what is in flight), one row per attempt in the order asked (`turn` 0 first). Paused: no token, and
+# `wait_seconds` is the rest of the pause (the attempts ask again after it). Otherwise each turn takes a token
+# even when the bucket holds less than one (it goes below zero: the turns given to attempts already waiting),
+# and `wait_seconds` is the time until that turn (0: now); but a turn more than `:gate_wait` seconds away is not
+# taken (its attempt does not wait for it: it ends Defer, and a token it never uses would push every later turn
+# further off, until no attempt's turn came within `:gate_wait` and the destination sent nothing): each attempt
+# whose turn is not taken is told the first such turn, as if it had asked alone after those taken. The bucket
+# refills at the rate or the pace, whichever is lower, and holds as much as the claim's; it starts full, and again
+# from empty at each pause a provider asks for (`slowed_at`, returned with the turns: the turns given before it
+# are void). An open destination (no rate, no pace) never waits. A turn taken after the pace was left idle above
+# its level (_USED_UNTIL passed) starts its curve again from where it held, levelled (`pace_at` `:return_seconds`
+# back).
+TAKE_SEND_TOKENS = text(f"""
 WITH paced AS MATERIALIZED (
     SELECT d.name, coalesce(d.paused_until > now(), false) AS paused, d.paused_until, d.burst, d.send_tokens,
            d.send_tokens_at, d.rate, {_PACE_NOW.format(t="d")} AS pace_now,
@@ -171,24 +174,30 @@ WITH paced AS MATERIALIZED (
            CASE WHEN f.paused OR f.per_second = 'infinity' THEN NULL
                 ELSE {_TOKENS_NOW.format(t="f", tokens="send_tokens", at="send_tokens_at")} END AS available
       FROM found AS f
-), turned AS MATERIALIZED (
-    SELECT g.*, greatest(0, 1 - g.available) / g.per_second AS turn_seconds FROM allowed AS g
 ), taking AS MATERIALIZED (
-    SELECT t.*, coalesce(t.turn_seconds <= :gate_wait, false) AS takes FROM turned AS t
+    SELECT g.*, (SELECT count(*) FROM generate_series(0, :count - 1) AS i
+                  WHERE greatest(0, 1 + i - g.available) / g.per_second <= :gate_wait) AS taken
+      FROM allowed AS g
+), taken AS (
+    UPDATE agent_destination AS d
+       SET send_tokens = CASE WHEN g.taken > 0 THEN g.available - g.taken ELSE d.send_tokens END,
+           send_tokens_at = CASE WHEN g.taken > 0 THEN now() ELSE d.send_tokens_at END,
+           pace = CASE WHEN g.taken > 0 AND g.resumes AND g.pace_now IS NOT NULL THEN g.pace_now / :levelled
+                       ELSE d.pace END,
+           pace_at = CASE WHEN g.taken > 0 AND g.resumes AND g.pace_now IS NOT NULL
+                          THEN now() - make_interval(secs => :return_seconds) ELSE d.pace_at END
+      FROM taking AS g
+     WHERE d.name = g.name
+    RETURNING g.paused, g.paused_until, g.available, g.per_second, g.taken,
+              {_EPOCH.format(t="d.slowed_at")} AS slowed_at
 )
-UPDATE agent_destination AS d
-   SET send_tokens = CASE WHEN g.takes THEN g.available - 1 ELSE d.send_tokens END,
-       send_tokens_at = CASE WHEN g.takes THEN now() ELSE d.send_tokens_at END,
-       pace = CASE WHEN g.takes AND g.resumes AND g.pace_now IS NOT NULL THEN g.pace_now / :levelled ELSE d.pace END,
-       pace_at = CASE WHEN g.takes AND g.resumes AND g.pace_now IS NOT NULL
-                      THEN now() - make_interval(secs => :return_seconds) ELSE d.pace_at END
-  FROM taking AS g
- WHERE d.name = g.name
-RETURNING g.paused,
-          CASE WHEN g.paused THEN {_SECONDS_UNTIL.format(t="g.paused_until")}
-               WHEN g.available IS NULL THEN 0
-               ELSE g.turn_seconds END::float8 AS wait_seconds,
-          {_EPOCH.format(t="d.slowed_at")} AS slowed_at
+SELECT i AS turn, t.paused,
+       CASE WHEN t.paused THEN {_SECONDS_UNTIL.format(t="t.paused_until")}
+            WHEN t.available IS NULL THEN 0
+            ELSE greatest(0, 1 + least(i, t.taken) - t.available) / t.per_second END::float8 AS wait_seconds,
+       t.slowed_at
+  FROM taken AS t CROSS JOIN generate_series(0, :count - 1) AS i
+ ORDER BY i
 """)
 
 # An attempt that waited for its turn, just before its fence: when the provider last paused the destination
