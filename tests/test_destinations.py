@@ -13,6 +13,7 @@ tests/test_postfix_relay.py and tests/test_webhook.py.
 from __future__ import annotations
 
 import asyncio
+import time
 from datetime import UTC, datetime
 from itertools import pairwise
 from typing import Any
@@ -26,7 +27,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from outbox import ActionRequest, enqueue
 from outbox.db import conninfo
 from outbox.destinations import destinations
-from outbox.executor import ActionAttempt, Executor, Result, SlowDown
+from outbox.executor import ActionAttempt, Done, Executor, Result, SlowDown
 from outbox.executor.attempt import DestinationWaits
 from outbox.executor.claimed import ClaimedAction
 from outbox.executor.config import ExecutorConfig
@@ -401,7 +402,8 @@ def test_the_attempts_at_one_gate_together_take_their_turns_in_one_statement(eng
     statements, passed = run(with_store(engine, gate))
     assert [len(given) for given in statements] == [count], statements
     waits = [turn.wait_seconds for turn in statements[0]]
-    assert 0 < waits[0] <= 1 / pace and all(b - a == pytest.approx(1 / pace, rel=0.01) for a, b in pairwise(waits)), waits
+    assert 0 < waits[0] <= 1 / pace, waits
+    assert all(b - a == pytest.approx(1 / pace, rel=0.01) for a, b in pairwise(waits)), waits
     assert all(after >= wait for after, wait in zip(passed, waits, strict=True)), (passed, waits)  # each its own
     with engine.connect() as conn:
         tokens = conn.execute(text("SELECT send_tokens FROM agent_destination")).scalar_one()
@@ -479,6 +481,44 @@ async def test_an_executor_holds_a_destination_that_another_paused_as_soon_as_it
         ).all()
     assert [(r.state, r.attempt, r.write_started_at) for r in rows] == [("ADMITTED", 0, None)] * 2, rows
     assert "paused" in rows[1].last_error, rows[1].last_error
+
+
+async def test_a_held_destination_is_claimed_for_again_when_its_attempt_ends(
+    engine: Engine, aengine: AsyncEngine
+) -> None:
+    """A destination with a rate (held: claimed for in a statement of its own), a lane of three actions and a
+    lane of one. The lone action's attempt ends while the other lane's head is executing, and the claim that
+    follows finds no ready head; the executor polls only every minute. When the head's attempt ends, its lane's
+    next head is claimed at once (an executor that waited for its poll left the lane's backlog for a second per
+    action, and `until_idle` here would stop with it undone)."""
+    with engine.begin() as conn:
+        conn.execute(
+            text("INSERT INTO agent_destination (name, kind, rate, burst) VALUES ('test_noop', 'TEST_NOOP', 1000, 100)")
+        )
+        conn.execute(
+            text(
+                "INSERT INTO agent_action (kind, workspace_id, lane_key, idempotency_key, max_attempts, state,"
+                " destination) SELECT 'TEST_NOOP', 1, CASE WHEN g = 0 THEN 'alone' ELSE 'three' END, 'k-' || g, 5,"
+                " 'ADMITTED', 'test_noop' FROM generate_series(0, 3) AS g"
+            )
+        )
+        head = conn.execute(text("SELECT min(id) FROM agent_action WHERE lane_key = 'three'")).scalar_one()
+    config = ExecutorConfig(poll_seconds=60.0, sweep_seconds=60.0)
+    executor: Executor
+
+    async def behaviour(attempt: ActionAttempt) -> Result:
+        if attempt.action.id == head:
+            # a claim found no ready head: it is not claimed for again before the poll (the loop's clock)
+            polls_later = lambda: executor._destinations._not_before.get("test_noop", 0.0) > time.monotonic() + 30  # noqa: E731
+            await asyncio.to_thread(until, polls_later, 30, "a claim that found no ready head")
+        await attempt.fence().begin_write()
+        return Done(f"ref-{attempt.action.id}")
+
+    executor = Executor(aengine, [ScriptedAdapter(kinds.NOOP, behaviour)], config, listen=False)
+    await asyncio.wait_for(executor.run(until_idle=True), 30)
+    with engine.connect() as conn:
+        states = conn.execute(text("SELECT state, count(*) FROM agent_action GROUP BY state")).all()
+    assert [tuple(row) for row in states] == [("DONE", 4)], states
 
 
 # -- a slow-down -------------------------------------------------------------------------------------------

@@ -91,6 +91,9 @@ class Destinations:
         self._held: dict[str, bool] = {}
         # when (loop time) each held destination may allow more
         self._not_before: dict[str, float] = {}
+        # the held destinations whose last claim found no ready head and waited for nothing (no token, no
+        # pause): claimed for again when one of their attempts here ends, else within the poll interval
+        self._no_heads: set[str] = set()
         # the pauses this executor made that have not ended: name -> kind
         self._paused: dict[str, str] = {}
         # the earliest loop time a held destination may allow more: the loop wakes then
@@ -156,10 +159,12 @@ class Destinations:
                 name, limit - len(claimed), lease_seconds, kinds, self._claim_params
             )
             claimed += found
+            self._no_heads.discard(name)
             if next_seconds is not None:
                 self._not_before[name] = now + min(next_seconds, self._config.poll_seconds)
             elif not found:
                 self._not_before[name] = now + self._config.poll_seconds
+                self._no_heads.add(name)
             else:
                 self._not_before.pop(name, None)
             if name in self._not_before:
@@ -262,8 +267,12 @@ class Destinations:
         self._slow_start.wake(name)
 
     def ended(self, action: ClaimedAction) -> None:
-        """`action`'s attempt ended: its place in its destination's slow start is free."""
+        """`action`'s attempt ended: its place in its destination's slow start is free, and a held destination
+        whose last claim found no ready head is claimed for again at once (the lane's next head may be ready)."""
         self._slow_start.ended(action)
+        if action.destination in self._no_heads:
+            self._no_heads.discard(action.destination)
+            self._not_before.pop(action.destination, None)
 
     def _change(self, name: str, kind: str, change: str, reason: str, seconds: float | None = None) -> None:
         self._outcomes.destination(DestinationChange(name, kind, change, reason, seconds))
