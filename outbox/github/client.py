@@ -25,6 +25,7 @@ from typing import Any
 
 from outbox.extras import needs
 from outbox.github.accounts import GithubAccount
+from outbox.network import use_quick_idle_check
 
 with needs("github"):
     import httpx
@@ -35,7 +36,12 @@ USER_AGENT = "outbox-github/0.1.0"
 
 
 class SharedTransport(httpx.AsyncHTTPTransport):
-    """The connection pool of every githubkit client of one event loop: a client's own close leaves it open."""
+    """The connection pool of every githubkit client of one event loop: a client's own close leaves it open. Its
+    idle connections are checked on their sockets (outbox.network)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        use_quick_idle_check(self)
 
     async def aclose(self) -> None:
         pass

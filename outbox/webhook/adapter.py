@@ -75,7 +75,7 @@ from outbox.webhook.message import InvalidBody, SignedRequest, body, signed, sig
 with needs("webhook"):
     import httpx
 
-    from outbox.webhook.network import with_quick_idle_check
+    from outbox.network import with_quick_idle_check
 
 # what a Retry's reason says when the request went out and its answer was lost: the receiver may hold it
 SENT_UNANSWERED = "after the request was sent"

@@ -1,10 +1,11 @@
-"""The webhook client's network streams: httpcore's own (anyio), with the idle check read from the socket they hold.
+"""The HTTP clients' network streams: httpcore's own (anyio), with the idle check read from the socket they hold.
 
-    httpx.AsyncClient ─▶ its transports' connection pools ─▶ QuickIdleCheck.connect_tcp ─▶ anyio's stream,
-        wrapped once: its socket kept ─▶ every `is_readable` (the pool asks it of every idle connection
-        before every request) a poll of that socket, as httpcore's own check, without asking anyio for it
+    httpx.AsyncClient or transport (webhooks; GitHub's, under githubkit) ─▶ its connection pools ─▶
+        QuickIdleCheck.connect_tcp ─▶ anyio's stream, wrapped once: its socket kept ─▶ every `is_readable` (the
+        pool asks it of every idle connection before every request) a poll of that socket, as httpcore's own
+        check, without asking anyio for it
 
-Before each request httpcore's pool asks every idle connection whether the receiver closed it, and anyio
+Before each request httpcore's pool asks every idle connection whether the peer closed it, and anyio
 answers each question by building the stream's whole table of attributes (a `getpeername` call among them):
 with 64 attempts in flight that table was a seventh of the webhook executor's CPU. The answer is the same
 poll of the same socket; reads, writes, TLS and errors are anyio's, unchanged.
@@ -74,12 +75,17 @@ class QuickIdleCheck(httpcore.AsyncNetworkBackend):
         await self._backend.sleep(seconds)
 
 
+def use_quick_idle_check(transport: httpx.AsyncBaseTransport) -> None:
+    """`transport`'s pool, when it has one, connects through QuickIdleCheck from now on. httpx names no option
+    for it: the pool is reached by its attribute, and a test checks it is."""
+    pool = getattr(transport, "_pool", None)
+    if pool is not None:
+        pool._network_backend = QuickIdleCheck()
+
+
 def with_quick_idle_check(client: httpx.AsyncClient) -> httpx.AsyncClient:
-    """`client` with every transport's pool (the default one and a proxy's) connecting through QuickIdleCheck.
-    httpx names no option for it: the pools are reached by their attributes, and a test checks they are."""
-    transports = [client._transport, *client._mounts.values()]
-    for transport in transports:
-        pool = getattr(transport, "_pool", None)
-        if pool is not None:
-            pool._network_backend = QuickIdleCheck()
+    """`client` with every transport's pool (the default one and a proxy's) connecting through QuickIdleCheck."""
+    for transport in [client._transport, *client._mounts.values()]:
+        if transport is not None:
+            use_quick_idle_check(transport)
     return client

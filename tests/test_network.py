@@ -1,8 +1,8 @@
-"""The webhook client's idle check (outbox.webhook.network) against a real keep-alive HTTP server on 127.0.0.1.
+"""The HTTP clients' idle check (outbox.network) against a real keep-alive HTTP server on 127.0.0.1.
 
-A receiver may close a kept-alive connection between two webhooks. httpcore's pool learns it from the idle
-check (`is_readable`), now answered from the stream's socket: the next webhook must go out on a new connection,
-never fail on the closed one.
+A receiver may close a kept-alive connection between two requests (two webhooks, two GitHub posts).
+httpcore's pool learns it from the idle check (`is_readable`), now answered from the stream's socket: the
+next request must go out on a new connection, never fail on the closed one.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ import httpx
 import pytest
 from sqlalchemy.ext.asyncio import create_async_engine
 
+from outbox.network import QuickIdleCheck, with_quick_idle_check
 from outbox.webhook import WebhookAdapter
 from outbox.webhook import endpoints as endpoint_registry
-from outbox.webhook.network import QuickIdleCheck, with_quick_idle_check
 from tests.support import until
 
 ANSWER = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok"
@@ -85,3 +85,23 @@ async def test_the_adapter_s_client_checks_idle_connections_on_their_socket(monk
     finally:
         await adapter.aclose()
         await engine.dispose()
+
+
+async def test_the_github_client_s_shared_pool_checks_idle_connections_on_their_socket() -> None:
+    """Fails when an httpx release moves the pool `use_quick_idle_check` reaches; then a request through it goes
+    out on a new connection once the server closed the last one."""
+    pytest.importorskip("githubkit")
+    from outbox.github.client import SharedTransport
+
+    transport = SharedTransport()
+    try:
+        assert isinstance(transport._pool._network_backend, QuickIdleCheck)
+        async with serving() as server:
+            async with httpx.AsyncClient(transport=transport) as client:
+                assert (await client.post(server.url, content=b"{}")).status_code == 200
+                async with asyncio.timeout(5):
+                    await server.closed.wait()
+                assert (await client.post(server.url, content=b"{}")).status_code == 200
+            assert server.connections == 2
+    finally:
+        await transport.close()
