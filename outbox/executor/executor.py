@@ -79,7 +79,10 @@ log = logging.getLogger("outbox.executor")
 
 _STOPPING = "the executor is stopping"
 _T = TypeVar("_T")
-# how long a busy executor waits for more free slots before it claims for the few it has
+# how long a busy executor with fewer than half a claim's slots free waits for more before it claims for the few
+# it has: each claim, fence and result statement costs about the same whatever its size, so fewer, fuller ones
+# cost less per action (a no-op burn-down: a quarter's threshold 0.062 s of executor and 0.113 s of server CPU
+# per 1,000 actions, half's 0.057 and 0.100)
 GATHER_SECONDS = 0.005
 # how long the enqueue listener hears nothing before it checks that its connection still answers
 LISTEN_CHECK_SECONDS = 30.0
@@ -179,7 +182,7 @@ class Executor:
                 want = int(min(self._free_slots(), self.config.claim_size, budget))
                 # Busy with few slots free: let more attempts end (at most GATHER_SECONDS) so that one claim
                 # takes many heads; an idle executor claims at once.
-                gathering = bool(self._inflight) and want < self.config.claim_size // 4 and loop.time() < gather_until
+                gathering = bool(self._inflight) and want < self.config.claim_size // 2 and loop.time() < gather_until
                 if want > 0 and not gathering:
                     claimed = await self._claim(want)
                     budget -= len(claimed)
