@@ -8,13 +8,15 @@
       bare    `python -m bench.github_cost bare`: githubkit's GitHub client, configured as the adapter's (no
               retries, no HTTP cache, one shared connection pool), posts the same N comments (the body and
               its marker) from as many tasks
+      bare-httpx  the same from a githubkit client as its documentation shows it (`async with GitHub(...)`: one
+              httpx client on httpx's own connection pool), retries and cache off as the adapter's
       stub    one `outbox run` as `outbox`, its client's comment answered after --stub-seconds without a request
               (the local server's answer time to one call alone): the executor's and the adapter's own work,
               without the client's
     each: CPU of the posting process (utime + stime from /proc for `outbox run`, from the process itself for the
     bare loop) over the drain alone, per comment, and the drain's seconds; the load average beside every round
-    ─▶ medians and spread of the rounds, outbox/bare per comment, and (outbox - stub)/bare: the client's cost
-       inside `outbox run` against the same client's in the bare loop
+    ─▶ medians and spread of the rounds, outbox/bare and outbox/bare-httpx per comment, and (outbox - stub)/bare:
+       the client's cost inside `outbox run` against the same client's in the bare loop
 
 Every action must end DONE on its first attempt (no read-back: it runs only after a lost answer). The N
 comments go round `--pulls` pull requests of one repository; the account's rate is 10,000 a second, so the
@@ -146,9 +148,9 @@ def outbox_run(
     return cpu, seconds
 
 
-def bare_run(count: int, pulls: int, url: str, concurrency: int) -> tuple[float, float]:
-    """CPU seconds of the bare loop over its `count` comments, and its seconds."""
-    argv = [sys.executable, "-m", "bench.github_cost", "bare", "--url", url, "--count", str(count)]
+def bare_run(count: int, pulls: int, url: str, concurrency: int, command: str = "bare") -> tuple[float, float]:
+    """CPU seconds of the bare loop (`command`: bare or bare-httpx) over its `count` comments, and its seconds."""
+    argv = [sys.executable, "-m", "bench.github_cost", command, "--url", url, "--count", str(count)]
     argv += ["--pulls", str(pulls), "--concurrency", str(concurrency)]
     answer = subprocess.run(argv, cwd=harness.ROOT, capture_output=True)
     if answer.returncode != 0:
@@ -157,35 +159,47 @@ def bare_run(count: int, pulls: int, url: str, concurrency: int) -> tuple[float,
     return float(figures["cpu_seconds"]), float(figures["seconds"])
 
 
-async def post_comments(url: str, count: int, pulls: int, concurrency: int) -> dict[str, float]:
-    """The bare loop: the adapter's call (the body with its marker) with a client configured as the adapter's."""
+async def post_comments(url: str, count: int, pulls: int, concurrency: int, stock: bool) -> dict[str, float]:
+    """The bare loop: the adapter's call (the body with its marker) with a client configured as the adapter's, or
+    (`stock`) as githubkit's documentation shows one, on httpx's own pool."""
+    from githubkit import GitHub, TokenAuthStrategy
+
     from outbox.github.accounts import GithubAccount
     from outbox.github.client import Credentials, SharedTransport, github_client
     from outbox.github.posts import marked, marker
 
-    transport = SharedTransport()
-    github = github_client(Credentials(GithubAccount(ACCOUNT, url, secret=TOKEN), TOKEN), transport, 15.0)
     owner, repo = REPO.split("/")
     next_n = iter(range(count))
 
-    async def post_some() -> None:
+    async def post_some(github: GitHub[Any]) -> None:
         for n in next_n:
             body = marked(f"comment {n}", marker(f"bench-{n}"))
             made = await github.rest.issues.async_create_comment(owner, repo, 1 + n % pulls, body=body)
             made.parsed_data.html_url  # noqa: B018 (parsed, as the adapter parses it)
 
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    cpu, start = usage.ru_utime + usage.ru_stime, time.perf_counter()
-    await asyncio.gather(*(post_some() for _ in range(concurrency)))
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    used = usage.ru_utime + usage.ru_stime - cpu
-    await transport.close()
-    return {"cpu_seconds": used, "seconds": time.perf_counter() - start, "count": count}
+    async def timed(github: GitHub[Any]) -> dict[str, float]:
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        cpu, start = usage.ru_utime + usage.ru_stime, time.perf_counter()
+        await asyncio.gather(*(post_some(github) for _ in range(concurrency)))
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        return {"cpu_seconds": usage.ru_utime + usage.ru_stime - cpu, "seconds": time.perf_counter() - start}
+
+    if stock:
+        auth = TokenAuthStrategy(TOKEN)
+        documented = GitHub(auth, base_url=url + "/", auto_retry=False, http_cache=False, timeout=15.0)
+        async with documented as github:
+            return await timed(github) | {"count": count}
+    transport = SharedTransport()
+    try:
+        adapters = github_client(Credentials(GithubAccount(ACCOUNT, url, secret=TOKEN), TOKEN), transport, 15.0)
+        return await timed(adapters) | {"count": count}
+    finally:
+        await transport.close()
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("command", nargs="?", choices=["bare"])
+    parser.add_argument("command", nargs="?", choices=["bare", "bare-httpx"])
     parser.add_argument("--actions", type=int, default=2000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--pulls", type=int, default=100)
@@ -194,21 +208,22 @@ def main() -> None:
     parser.add_argument("--url")
     parser.add_argument("--count", type=int)
     args = parser.parse_args()
-    if args.command == "bare":
-        print(json.dumps(asyncio.run(post_comments(args.url, args.count, args.pulls, args.concurrency))))
+    if args.command is not None:
+        stock = args.command == "bare-httpx"
+        print(json.dumps(asyncio.run(post_comments(args.url, args.count, args.pulls, args.concurrency, stock))))
         return
     server = harness.server_url()
-    sides = ["outbox", "bare", "stub"]
+    sides = ["outbox", "bare", "bare-httpx", "stub"]
     rounds: dict[str, list[float]] = {name: [] for name in sides}
     drains: dict[str, list[float]] = {name: [] for name in sides}
     with github_api() as url:
         for r in range(args.rounds):
-            order = sides[r % 3 :] + sides[: r % 3]
+            order = sides[r % len(sides) :] + sides[: r % len(sides)]
             figures = []
             for name in order:
                 load = load_average()
-                if name == "bare":
-                    cpu, seconds = bare_run(args.actions, args.pulls, url, args.concurrency)
+                if name.startswith("bare"):
+                    cpu, seconds = bare_run(args.actions, args.pulls, url, args.concurrency, name)
                 else:
                     stub = args.stub_seconds if name == "stub" else None
                     cpu, seconds = outbox_run(server, args.actions, args.pulls, url, args.concurrency, stub)
@@ -218,8 +233,9 @@ def main() -> None:
             print(f"round {r + 1}: " + ", ".join(figures), flush=True)
     for name, values in rounds.items():
         print(f"{name}: CPU per comment {described(values)} µs, drain {described(drains[name], 2)} s")
-    ratios = [a / b for a, b in zip(rounds["outbox"], rounds["bare"], strict=True)]
-    print(f"outbox / bare, per round {' '.join(f'{x:.2f}' for x in ratios)}: {described(ratios, 2)}x")
+    for bare in ("bare", "bare-httpx"):
+        ratios = [a / b for a, b in zip(rounds["outbox"], rounds[bare], strict=True)]
+        print(f"outbox / {bare}, per round {' '.join(f'{x:.2f}' for x in ratios)}: {described(ratios, 2)}x")
     client = [(a - s) / b for a, s, b in zip(rounds["outbox"], rounds["stub"], rounds["bare"], strict=True)]
     print(f"(outbox - stub) / bare, per round {' '.join(f'{x:.2f}' for x in client)}: {described(client, 2)}x")
 

@@ -28,6 +28,7 @@ class _Server:
 
     def __init__(self) -> None:
         self.connections = 0
+        self.closes = 0
         self.url = ""
         self.closed = asyncio.Event()
 
@@ -38,6 +39,7 @@ class _Server:
         await writer.drain()
         writer.close()
         await writer.wait_closed()
+        self.closes += 1
         self.closed.set()
 
 
@@ -87,21 +89,20 @@ async def test_the_adapter_s_client_checks_idle_connections_on_their_socket(monk
         await engine.dispose()
 
 
-async def test_the_github_client_s_shared_pool_checks_idle_connections_on_their_socket() -> None:
-    """Fails when an httpx release moves the pool `use_quick_idle_check` reaches; then a request through it goes
-    out on a new connection once the server closed the last one."""
+async def test_the_github_client_s_shared_pools_check_idle_connections_on_their_socket() -> None:
+    """Fails when an httpx release moves the pool `use_quick_idle_check` reaches; then requests through the pools
+    in turn each go out on a new connection once the server closed the last one."""
     pytest.importorskip("githubkit")
-    from outbox.github.client import SharedTransport
+    from outbox.github.client import POOLS, SharedTransport
 
     transport = SharedTransport()
     try:
-        assert isinstance(transport._pool._network_backend, QuickIdleCheck)
-        async with serving() as server:
-            async with httpx.AsyncClient(transport=transport) as client:
+        assert all(isinstance(pool._pool._network_backend, QuickIdleCheck) for pool in transport._pools)
+        async with serving() as server, httpx.AsyncClient(transport=transport) as client:
+            # every pool once, then the first again: its one connection the server has closed meanwhile
+            for sent in range(1, POOLS + 2):
                 assert (await client.post(server.url, content=b"{}")).status_code == 200
-                async with asyncio.timeout(5):
-                    await server.closed.wait()
-                assert (await client.post(server.url, content=b"{}")).status_code == 200
-            assert server.connections == 2
+                await asyncio.to_thread(until, lambda: server.closes >= sent, 5, "the server to close")  # noqa: B023
+        assert server.connections == POOLS + 1
     finally:
         await transport.close()
