@@ -15,7 +15,7 @@ import httpx
 import pytest
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from outbox.network import QuickIdleCheck, with_quick_idle_check
+from outbox.network import POOLS, QuickIdleCheck, with_quick_idle_check
 from outbox.webhook import WebhookAdapter
 from outbox.webhook import endpoints as endpoint_registry
 from tests.support import until
@@ -77,13 +77,15 @@ async def test_a_connection_the_receiver_closed_is_never_used_again() -> None:
 
 
 async def test_the_adapter_s_client_checks_idle_connections_on_their_socket(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Fails when an httpx release moves the pools `with_quick_idle_check` reaches."""
+    """The webhook client's pools, taken in turn; fails when an httpx release moves the pool that
+    `use_quick_idle_check` reaches."""
     monkeypatch.setattr(endpoint_registry, "_ENDPOINTS", {})  # another test's endpoints and their secrets stay out
     monkeypatch.setattr(endpoint_registry, "_SOURCES", [])
     engine = create_async_engine("postgresql+psycopg://outbox@127.0.0.1:1/outbox")  # never connects
     adapter = WebhookAdapter(engine)
     try:
-        assert isinstance(adapter._client._transport._pool._network_backend, QuickIdleCheck)  # type: ignore[attr-defined]
+        pools = adapter._client._transport.pools  # type: ignore[attr-defined]
+        assert len(pools) == POOLS and all(isinstance(p._pool._network_backend, QuickIdleCheck) for p in pools)
     finally:
         await adapter.aclose()
         await engine.dispose()
@@ -93,11 +95,12 @@ async def test_the_github_client_s_shared_pools_check_idle_connections_on_their_
     """Fails when an httpx release moves the pool `use_quick_idle_check` reaches; then requests through the pools
     in turn each go out on a new connection once the server closed the last one."""
     pytest.importorskip("githubkit")
-    from outbox.github.client import POOLS, SharedTransport
+    from outbox.github.client import SharedTransport
 
     transport = SharedTransport()
     try:
-        assert all(isinstance(pool._pool._network_backend, QuickIdleCheck) for pool in transport._pools)
+        assert len(transport.pools) == POOLS
+        assert all(isinstance(pool._pool._network_backend, QuickIdleCheck) for pool in transport.pools)
         async with serving() as server, httpx.AsyncClient(transport=transport) as client:
             # every pool once, then the first again: its one connection the server has closed meanwhile
             for sent in range(1, POOLS + 2):

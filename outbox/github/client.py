@@ -4,8 +4,7 @@
                                  ─ an App ─▶ AppInstallationAuthStrategy(app_id, key, installation_id): githubkit
                                              asks /app/installations/<id>/access_tokens for a token and keeps it
                                              until a minute before its `expires_at`, then asks again
-                               ──▶ GitHub(auto_retry=False, http_cache=False, timeout, POOLS connection pools per
-                                          loop, taken in turn)
+                               ──▶ GitHub(auto_retry=False, http_cache=False, timeout, one PoolsInTurn per loop)
 
 githubkit makes an httpx client for each request (outside `async with github:`) and closes it after, which
 closes its transport: the shared transport (`SharedTransport`) ignores that close, else one request's end
@@ -21,48 +20,30 @@ token is asked for once per loop and refreshed there.
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass
 from typing import Any
 
 from outbox.extras import needs
 from outbox.github.accounts import GithubAccount
-from outbox.network import use_quick_idle_check
+from outbox.network import PoolsInTurn
 
 with needs("github"):
-    import httpx
     from githubkit import AppInstallationAuthStrategy, GitHub, TokenAuthStrategy
     from githubkit.cache import MemCacheStrategy
 
 USER_AGENT = "outbox-github/0.1.0"
-# the connection pools an event loop's requests take in turn (SharedTransport)
-POOLS = 8
 
 
-class SharedTransport(httpx.AsyncBaseTransport):
-    """The connection pools of every githubkit client of one event loop: a client's own close leaves them open.
-    Requests take the pools in turn: httpcore's pool walks its connections and its waiting requests for every
-    request it assigns, so with 64 posts in flight one pool spent an eighth of the executor's CPU walking; eight
-    pools, each with an eighth of them, walk a sixty-fourth as much (a comment's CPU 0.81x, the same posts from 64
-    tasks 0.77x). Each keeps httpx's limits (up to 20 idle connections). Their idle connections are checked on
-    their sockets (outbox.network)."""
-
-    def __init__(self) -> None:
-        self._pools = [httpx.AsyncHTTPTransport() for _ in range(POOLS)]
-        for pool in self._pools:
-            use_quick_idle_check(pool)
-        self._next = itertools.cycle(self._pools)
-
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        return await next(self._next).handle_async_request(request)
+class SharedTransport(PoolsInTurn):
+    """The connection pools of every githubkit client of one event loop (outbox.network.PoolsInTurn): a client's own
+    close leaves them open."""
 
     async def aclose(self) -> None:
         pass
 
     async def close(self) -> None:
         """Close the pools' connections (the adapter's, when it is closed)."""
-        for pool in self._pools:
-            await pool.aclose()
+        await super().aclose()
 
 
 @dataclass(frozen=True)

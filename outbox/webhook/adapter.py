@@ -75,7 +75,7 @@ from outbox.webhook.message import InvalidBody, SignedRequest, body, signed, sig
 with needs("webhook"):
     import httpx
 
-    from outbox.network import with_quick_idle_check
+    from outbox.network import PoolsInTurn, with_quick_idle_check
 
 # what a Retry's reason says when the request went out and its answer was lost: the receiver may hold it
 SENT_UNANSWERED = "after the request was sent"
@@ -112,9 +112,13 @@ class WebhookAdapter:
         self._signers = {e.name: (e, signers(endpoint_secrets(e))) for e in registered_endpoints()}
         self._span_attributes = {name: span_attributes(e.url) for name, (e, _) in self._signers.items()}
         # identity: the body read is the body sent, never a small compressed answer that unpacks to megabytes
+        # PoolsInTurn: its pools taken in turn, each checking idle connections on their sockets (a proxy's too)
         self._client = with_quick_idle_check(
             httpx.AsyncClient(
-                follow_redirects=False, timeout=self.request_seconds, headers={"accept-encoding": "identity"}
+                transport=PoolsInTurn(),
+                follow_redirects=False,
+                timeout=self.request_seconds,
+                headers={"accept-encoding": "identity"},
             )
         )
 
