@@ -160,6 +160,8 @@ SELECT c.*,
 # are void). An open destination (no rate, no pace) never waits. A turn taken after the pace was left idle above
 # its level (_USED_UNTIL passed) starts its curve again from where it held, levelled (`pace_at` `:return_seconds`
 # back).
+# The seconds until turn `{i}` (0 first) of a bucket `{t}` that holds `available` tokens and refills at `per_second`
+_TURN_SECONDS = "greatest(0, 1 + {i} - {t}.available) / {t}.per_second"
 TAKE_SEND_TOKENS = text(f"""
 WITH paced AS MATERIALIZED (
     SELECT d.name, coalesce(d.paused_until > now(), false) AS paused, d.paused_until, d.burst, d.send_tokens,
@@ -176,7 +178,7 @@ WITH paced AS MATERIALIZED (
       FROM found AS f
 ), taking AS MATERIALIZED (
     SELECT g.*, (SELECT count(*) FROM generate_series(0, :count - 1) AS i
-                  WHERE greatest(0, 1 + i - g.available) / g.per_second <= :gate_wait) AS taken
+                  WHERE {_TURN_SECONDS.format(i="i", t="g")} <= :gate_wait) AS taken
       FROM allowed AS g
 ), taken AS (
     UPDATE agent_destination AS d
@@ -194,7 +196,7 @@ WITH paced AS MATERIALIZED (
 SELECT i AS turn, t.paused,
        CASE WHEN t.paused THEN {_SECONDS_UNTIL.format(t="t.paused_until")}
             WHEN t.available IS NULL THEN 0
-            ELSE greatest(0, 1 + least(i, t.taken) - t.available) / t.per_second END::float8 AS wait_seconds,
+            ELSE {_TURN_SECONDS.format(i="least(i, t.taken)", t="t")} END::float8 AS wait_seconds,
        t.slowed_at
   FROM taken AS t CROSS JOIN generate_series(0, :count - 1) AS i
  ORDER BY i
