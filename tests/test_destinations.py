@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from itertools import pairwise
 from typing import Any
@@ -205,6 +206,33 @@ def gated_action(n: int) -> ClaimedAction:
     )  # fmt: skip
 
 
+def paced_with_an_empty_bucket(engine: Engine, pace: float) -> None:
+    """Destination test_noop paced at `pace` a second from now on, its send bucket empty."""
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO agent_destination (name, kind, pace, pace_at, send_tokens, send_tokens_at)"
+                " VALUES ('test_noop', 'TEST_NOOP', :pace, now(), 0, now())"
+            ),
+            {"pace": pace},
+        )
+
+
+def watch_turns(store: ExecutorStore, seen: Callable[[list[Turn], float, float], None]) -> None:
+    """From now on, each statement of turns `store` makes goes to `seen`: its turns, and the event loop's time
+    when it was asked and when it was answered."""
+    take_send_tokens = store.take_send_tokens
+    loop = asyncio.get_running_loop()
+
+    async def taking(name: str, count: int, pacing: Any) -> list[Turn]:
+        asked = loop.time()
+        given = await take_send_tokens(name, count, pacing)
+        seen(given, asked, loop.time())
+        return given
+
+    store.take_send_tokens = taking  # type: ignore[method-assign]
+
+
 def test_attempts_that_reach_their_fences_bunched_take_turns_at_the_rate_plus_the_burst(engine: Engine) -> None:
     """Two executors' attempts arrive at the gate in bunches of twice the rate (as claims made over a second
     that a busy machine brings to their fences at once): the turns the database gives them are at most the
@@ -227,16 +255,11 @@ def test_attempts_that_reach_their_fences_bunched_take_turns_at_the_rate_plus_th
             # answer's, plus the wait (the database's clock read the time somewhere in that round trip)
             turns: list[tuple[float, float]] = []
             passed: list[float] = []
-            take_send_tokens = store.take_send_tokens
 
-            async def taking(name: str, count: int, pacing: Any) -> list[Turn]:
-                asked = loop.time()
-                given = await take_send_tokens(name, count, pacing)
-                answered = loop.time()
+            def seen(given: list[Turn], asked: float, answered: float) -> None:
                 turns.extend((asked + t.wait_seconds, answered + t.wait_seconds) for t in given if not t.paused)
-                return given
 
-            store.take_send_tokens = taking  # type: ignore[method-assign]
+            watch_turns(store, seen)
 
             async def attempt(n: int) -> None:
                 await destinations.gate(gated_action(n))
@@ -308,15 +331,12 @@ def test_a_turn_that_a_pause_voided_while_the_attempt_waited_is_taken_again(engi
         await destinations.refresh([kinds.NOOP.name])
         turns: list[Turn] = []
         first_given = asyncio.Event()
-        take_send_tokens = store.take_send_tokens
 
-        async def taking(name: str, count: int, pacing: Any) -> list[Turn]:
-            given = await take_send_tokens(name, count, pacing)
+        def seen(given: list[Turn], asked: float, answered: float) -> None:
             turns.extend(given)
             first_given.set()
-            return given
 
-        store.take_send_tokens = taking  # type: ignore[method-assign]
+        watch_turns(store, seen)
         waiting = asyncio.create_task(destinations.gate(gated_action(1)))
         await first_given.wait()
         slowed = await store.slow_down("test_noop", "TEST_NOOP", None, "mail: 454; slow down", SLOW_DOWN)
@@ -337,14 +357,7 @@ def test_attempts_whose_turns_are_too_far_off_defer_without_taking_a_turn(engine
     attempt then defers at once. (Had each taken its turn, every later one would be further off, until no
     attempt's turn came within GATE_WAIT_SECONDS and the destination sent nothing while its backlog waited.)"""
     pace = 2.0
-    with engine.begin() as conn:
-        conn.execute(
-            text(
-                "INSERT INTO agent_destination (name, kind, pace, pace_at, send_tokens, send_tokens_at)"
-                " VALUES ('test_noop', 'TEST_NOOP', :pace, now(), 0, now())"
-            ),
-            {"pace": pace},
-        )
+    paced_with_an_empty_bucket(engine, pace)
 
     async def gate(store: ExecutorStore) -> tuple[list[float], str]:
         destinations = Destinations(store, [], ExecutorConfig(), Outcomes())
@@ -368,28 +381,14 @@ def test_the_attempts_at_one_gate_together_take_their_turns_in_one_statement(eng
     their turns are taken in one statement (not 20, each locking the destination's row), one token apart in
     the order asked; every attempt passes the gate after its turn, and the row holds the 20 tokens taken."""
     pace, count = 10.0, 20
-    with engine.begin() as conn:
-        conn.execute(
-            text(
-                "INSERT INTO agent_destination (name, kind, pace, pace_at, send_tokens, send_tokens_at)"
-                " VALUES ('test_noop', 'TEST_NOOP', :pace, now(), 0, now())"
-            ),
-            {"pace": pace},
-        )
+    paced_with_an_empty_bucket(engine, pace)
 
     async def gate(store: ExecutorStore) -> tuple[list[list[Turn]], list[float]]:
         destinations = Destinations(store, [], ExecutorConfig(), Outcomes())
         await destinations.refresh([kinds.NOOP.name])
         loop = asyncio.get_running_loop()
         statements: list[list[Turn]] = []
-        take_send_tokens = store.take_send_tokens
-
-        async def taking(name: str, count: int, pacing: Any) -> list[Turn]:
-            given = await take_send_tokens(name, count, pacing)
-            statements.append(given)
-            return given
-
-        store.take_send_tokens = taking  # type: ignore[method-assign]
+        watch_turns(store, lambda given, asked, answered: statements.append(given))
         started = loop.time()
 
         async def attempt(n: int) -> float:
