@@ -1,5 +1,5 @@
 """What hiding URL secrets costs a log line: the same records made and written with and without the record
-factory (`outbox.log_records`), alternated within every round.
+factory (`outbox._internal.redaction.log_records`), alternated within every round.
 
     python -m bench.log_records [--rounds 30] [--records 5000]
 
@@ -24,7 +24,7 @@ from collections.abc import Callable
 
 import httpx
 
-from outbox.log_records import hide_secrets_in_logs
+from outbox._internal.redaction.log_records import hide_secrets_in_logs
 
 URL = httpx.URL("http://127.0.0.1:8080/hooks?token=qtok-7Hq2Lr9Wm")
 

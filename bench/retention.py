@@ -29,7 +29,7 @@ from sqlalchemy import Connection, Engine, create_engine
 
 from bench import harness
 from bench.executor import seed_ended
-from outbox.limits import PURGE_BATCH_SIZE
+from outbox._internal.config.limits import PURGE_BATCH_SIZE
 from outbox.store import application
 from outbox.store import executor as store_executor
 

@@ -51,7 +51,7 @@ for the next worker to start. While the deployment is paused (how the whole drai
 run), a stopped run is not replaced. Each run is a fresh subprocess, which is why the metrics live in the database.
 
 Log lines. From its start, every log record of the run's process has each URL's query and the secret of its
-user information as *** (`outbox.log_records`), whichever library logs it: httpx's line per webhook request
+user information as *** (`hide_secrets_in_logs`), whichever library logs it: httpx's line per webhook request
 among them, before Prefect's run logger ships a line to the Prefect server.
 
 Events: `outbox.action.uncertain` and `outbox.action.failed`, one rule for every kind (an email, a webhook, an
@@ -97,8 +97,10 @@ from prefect.runtime import flow_run as this_run
 from prefect.states import Failed
 from sqlalchemy.exc import DBAPIError
 
+from outbox._internal.checks.kind_rows import require_declared
+from outbox._internal.connections.engines import async_engine, fault_text, shown_database, sync_engine
+from outbox._internal.redaction.log_records import hide_secrets_in_logs
 from outbox.cells import CellsError
-from outbox.db import async_engine, fault_text, shown_database, sync_engine
 from outbox.executor import Executor, ExecutorConfig
 from outbox.executor.adapter import ActionAdapter, close_adapters, load_adapters
 from outbox.executor.config import DEFAULTS, ENGINE_POOL_SIZE, start_line
@@ -107,8 +109,6 @@ from outbox.github.accounts import GithubSecretError, registered_accounts
 from outbox.github.accounts import add_secret_source as add_github_secret_source
 from outbox.gitlab.hosts import GitlabTokenError, registered_hosts
 from outbox.gitlab.hosts import add_token_source as add_gitlab_token_source
-from outbox.kind_rows import require_declared
-from outbox.log_records import hide_secrets_in_logs
 from outbox.nats.settings import NatsSettingsError
 from outbox.ops import lanes
 from outbox.settings import load_settings

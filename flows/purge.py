@@ -19,10 +19,10 @@ from prefect.artifacts import create_table_artifact
 from prefect.states import Failed
 from prefect.utilities.asyncutils import run_coro_as_sync
 
+from outbox._internal.config.limits import PURGE_BATCH_SIZE
+from outbox._internal.connections.engines import sync_engine
+from outbox._internal.redaction.log_records import hide_secrets_in_logs
 from outbox.cells import CellsError
-from outbox.db import sync_engine
-from outbox.limits import PURGE_BATCH_SIZE
-from outbox.log_records import hide_secrets_in_logs
 from outbox.retention import purge_ended
 from outbox.settings import load_settings
 

@@ -18,7 +18,7 @@
     second SIGTERM or SIGINT: SIGKILL the worker and its runs now
 
 The supervisor's own log records, and each line of the stderr it passes on (the Prefect worker's and its
-flow runs'), have every URL's query and the secret of its user information as *** (`outbox.log_records`).
+flow runs'), have every URL's query and the secret of its user information as *** (`hide_secrets_in_logs`).
 
 A worker stopped for longer than its websockets' keepalive (about 20 s) finds them closed when it
 continues, and Prefect logs each as a warning with a traceback. Those warnings, from the SIGCONT on, are
@@ -57,8 +57,8 @@ from prefect.exceptions import ObjectNotFound
 from prefect.settings import get_current_settings
 from prefect.states import Cancelled
 
+from outbox._internal.redaction.log_records import hidden_text, hide_secrets_in_logs
 from outbox.errors import OutboxError
-from outbox.log_records import hidden_text, hide_secrets_in_logs
 
 log = logging.getLogger("outbox.worker")
 

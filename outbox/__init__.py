@@ -19,11 +19,11 @@ import outbox.gitlab.kind
 import outbox.nats.kind
 import outbox.slack.kind
 import outbox.webhook.kind  # noqa: F401
-from outbox.exports import lazy_names
+from outbox._internal.exports import lazy_names
 
 if TYPE_CHECKING:
+    from outbox._internal.connections.engines import psycopg_url
     from outbox.action import Action
-    from outbox.db import psycopg_url
     from outbox.erasure import erase_account, erase_account_async
     from outbox.errors import ActionNotFound, InvalidRequest, OutboxError, TransitionRefused
     from outbox.intake import admit, cancel, enqueue, enqueue_async, enqueue_many, enqueue_many_async, refuse
@@ -50,7 +50,7 @@ _HOMES = {
     "enqueue_many_async": "outbox.intake",
     "erase_account": "outbox.erasure",
     "erase_account_async": "outbox.erasure",
-    "psycopg_url": "outbox.db",
+    "psycopg_url": "outbox._internal.connections.engines",
     "refuse": "outbox.intake",
 }
 

@@ -16,9 +16,10 @@ With no file there are no cells: one database, given by `--database-url` / `OUTB
 Every check is made before any cell is touched, and every error names the file and the cell: a cell named
 twice, a name a metric label or a Prefect deployment cannot carry, an unknown key, no source or two, an
 unknown cell name, a variable or block that holds nothing, two cells that point at one database. The URLs
-never reach an error: a cell's URL is shown only as `outbox.db.shown_database` renders it.
+never reach an error: a cell's URL is shown only as `shown_database` renders it.
 
-This module loads only the standard library and `outbox.db`, so the operator commands stay light.
+This module loads only the standard library and outbox's engines (`outbox._internal.connections.engines`), so the
+operator commands stay light.
 """
 
 from __future__ import annotations
@@ -190,7 +191,7 @@ def _read_url(path: Path, cell: Cell) -> str:
 def _database(path: Path, name: str, url: str) -> set[tuple[str, int, str]]:
     """What a connection to `url` may reach: each of its servers (host, port) with its database name; a
     local server's names (localhost, ::1) as 127.0.0.1."""
-    from outbox.db import InvalidDatabaseUrl, parsed_database_url
+    from outbox._internal.connections.engines import InvalidDatabaseUrl, parsed_database_url
 
     try:
         parsed = parsed_database_url(url)

@@ -1,4 +1,4 @@
-"""What an operator reads and changes of destinations: the list, a pause, a resume.
+"""Destinations, the operator's layer: what an operator reads and changes of them: the list, a pause, a resume.
 
     destinations(conn) ──DESTINATION_ROWS──▶ every destination with a row or an action not ended
     pause(conn, name)  ──PAUSE (its row made first by ADD_DESTINATION, of the kind its live actions have)──▶
@@ -9,6 +9,9 @@
 Each function runs on the caller's connection, inside its transaction; the CLI (`outbox destinations`, `outbox
 status`) prints what they return, and the metrics exporter reads the same rows (outbox.metrics.collector).
 Times are the database clock's.
+
+Destinations are one concept in three layers: the operator's (outbox.destinations), the executor's
+(outbox.executor.destinations, pacing and turns) and the store's (outbox.store.destinations and destination_rows).
 """
 
 from __future__ import annotations

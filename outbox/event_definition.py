@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from sqlalchemy import TextClause
 
-from outbox.db import answered_connection
+from outbox._internal.connections.engines import answered_connection
 from outbox.kinds import ActionKind
 from outbox.requests import ActionRequest
 from outbox.store.caller import AsyncConn, SyncConnection, fetch, fetch_async

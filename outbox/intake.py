@@ -35,7 +35,8 @@ from typing import Any
 
 from sqlalchemy import TextClause
 
-from outbox import kind_rows, tracing
+from outbox import tracing
+from outbox._internal.checks import kind_rows
 from outbox.action import Action
 from outbox.errors import ActionNotFound, InvalidRequest, TransitionRefused
 from outbox.requests import ActionRequest, ValidRequest, validate

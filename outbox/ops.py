@@ -11,11 +11,11 @@ from datetime import timedelta
 
 from sqlalchemy import Connection, TextClause
 
-from outbox import kind_rows
+from outbox._internal.checks import kind_rows
+from outbox._internal.config.limits import MAX_PAGE
 from outbox.action import Action
 from outbox.destinations import Destination, destinations
 from outbox.errors import ActionNotFound, InvalidRequest
-from outbox.limits import MAX_PAGE
 from outbox.states import ActionState, StopReason
 from outbox.store import application as store
 from outbox.store import metrics as store_metrics

@@ -23,7 +23,7 @@ from datetime import UTC, datetime, timedelta
 from sqlalchemy import Connection, Engine
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from outbox.limits import PURGE_BATCH_SIZE
+from outbox._internal.config.limits import PURGE_BATCH_SIZE
 from outbox.store import application as store
 from outbox.store import metrics as store_metrics
 

@@ -1,6 +1,7 @@
 """Configuration: every setting comes from an `OUTBOX_` environment variable, read in one place.
 
-    OUTBOX_* variables ─ Settings (pydantic, defaults and names from `outbox.defaults`) ─▶ the flows, the demo
+    OUTBOX_* variables ─ Settings (pydantic; defaults and names from `outbox._internal.config.defaults`)
+        ─▶ the flows, the demo
 
 The `outbox` commands read the same variables, with the same defaults, as their options (`--database-url`,
 `--connect-timeout`, `--statement-timeout`) without loading this module. The email kind's SMTP settings
@@ -13,13 +14,13 @@ from pathlib import Path
 
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from outbox.defaults import ENV_PREFIX, SETTINGS
+from outbox._internal.config.defaults import ENV_PREFIX, SETTINGS
 
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore")
 
-    # what each setting means: `outbox.defaults.SettingDefaults`
+    # what each setting means: `outbox._internal.config.defaults.SettingDefaults`
     database_url: str | None = SETTINGS.database_url
     listen_database_url: str | None = SETTINGS.listen_database_url
     # code that builds its engines from these settings passes both timeouts to `outbox.db.sync_engine` /

@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy import Connection
 
-from outbox import kind_rows, migrate
+from outbox import migrate
+from outbox._internal.checks import kind_rows
 from outbox.kinds import ActionKind
 from outbox.store import destinations as store_destinations
 from outbox.store import executor as store_executor

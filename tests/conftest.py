@@ -144,7 +144,7 @@ def cli(
     """`outbox ARGS...` through the console script's entry point, on the test's database. A long-running
     command sets up the root logger on stderr, the test's captured one: it is set back afterwards, or every
     later log line of the session (an SMTP sink's thread) would be written to a closed file. The record
-    factory every command installs (`outbox.log_records`) is set back too."""
+    factory every command installs (`outbox._internal.redaction.log_records`) is set back too."""
     monkeypatch.setenv("OUTBOX_DATABASE_URL", database_url)
     root = logging.getLogger()
     handlers, level = root.handlers[:], root.level

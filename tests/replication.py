@@ -48,9 +48,9 @@ import outbox
 from demo.sink import SmtpSink
 from examples.accounts import notices, schema
 from outbox import migrate
+from outbox._internal.connections.faults import own_database_fault
 from outbox.db import sync_engine
 from outbox.email.message import message_id
-from outbox.faults import own_database_fault
 from outbox.requests import ActionRequest
 from outbox.testing import install_kinds
 from tests import kinds

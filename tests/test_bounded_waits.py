@@ -18,7 +18,7 @@ import pytest
 from sqlalchemy import Engine, text
 from sqlalchemy.engine import make_url
 
-from outbox.db import url_conninfo
+from outbox._internal.connections.engines import url_conninfo
 from outbox.executor import store as executor_store
 from outbox.executor.store import ExecutorStore
 from tests.chaos.netrelay import NetRelay

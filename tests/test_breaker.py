@@ -16,7 +16,7 @@ from typing import Any
 from sqlalchemy import Engine, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from outbox.db import conninfo
+from outbox._internal.connections.engines import conninfo
 from outbox.executor import ActionAttempt, Executor, Result
 from outbox.executor.config import ExecutorConfig
 from outbox.executor.destinations import Destinations

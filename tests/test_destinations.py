@@ -26,7 +26,8 @@ from sqlalchemy import Engine, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from outbox import ActionRequest, enqueue
-from outbox.db import conninfo
+from outbox._internal.config.rates import BURST_SECONDS, MAX_PER_SECOND, Rate, parse_rate
+from outbox._internal.connections.engines import conninfo
 from outbox.destinations import destinations
 from outbox.executor import ActionAttempt, Done, Executor, Result, SlowDown
 from outbox.executor.attempt import DestinationWaits
@@ -50,7 +51,6 @@ from outbox.executor.pacing import (
     SLOW_DOWN,
 )
 from outbox.executor.store import ExecutorStore, Turn
-from outbox.rates import BURST_SECONDS, MAX_PER_SECOND, Rate, parse_rate
 from outbox.store import executor as store_executor
 from outbox.store.destinations import _PACE_NOW as PACE_NOW
 from tests import kinds

@@ -17,8 +17,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 import outbox
 from examples.accounts import notices, schema
 from outbox import ActionKind, ActionRequest, InvalidRequest
+from outbox._internal.checks.kind_rows import KindRow, mismatch
 from outbox.email import enqueue_email
-from outbox.kind_rows import KindRow, mismatch
 from tests import kinds
 
 ROWLESS = kinds.ROWLESS

@@ -38,14 +38,15 @@ NATS_LINE = "outbox.nats needs the nats extra (nats missing): pip install 'outbo
 def test_importing_the_webhook_adapter_without_its_extra_names_the_install_command(missing: str, code: str) -> None:
     done = run_without((missing,), code)
     assert done.returncode == 1
-    assert done.stderr.splitlines()[-1] == f"outbox.extras.MissingExtra: {WEBHOOK_LINE.format(missing=missing)}"
+    line = WEBHOOK_LINE.format(missing=missing)
+    assert done.stderr.splitlines()[-1] == f"outbox._internal.config.extras.MissingExtra: {line}"
 
 
 @pytest.mark.parametrize("module", ["adapter", "client", "streams", "readback"])
 def test_importing_the_nats_adapter_without_its_extra_names_the_install_command(module: str) -> None:
     done = run_without(("nats",), f"import outbox.nats.{module}")
     assert done.returncode == 1
-    assert done.stderr.splitlines()[-1] == f"outbox.extras.MissingExtra: {NATS_LINE}"
+    assert done.stderr.splitlines()[-1] == f"outbox._internal.config.extras.MissingExtra: {NATS_LINE}"
 
 
 def test_outbox_run_with_the_webhook_adapters_without_the_extra_is_one_line() -> None:
@@ -65,7 +66,7 @@ def test_the_extras_install_what_they_name() -> None:
     import tomllib
     from pathlib import Path
 
-    from outbox.extras import EXTRAS
+    from outbox._internal.config.extras import EXTRAS
 
     optional = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["project"][
         "optional-dependencies"

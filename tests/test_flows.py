@@ -19,8 +19,8 @@ from demo.sink import Faults, SmtpSink
 from examples.accounts import notices, schema
 from flows.drain import drain
 from flows.purge import purge
+from outbox._internal.checks.kind_rows import KindsNotDeclared
 from outbox.email import enqueue_email
-from outbox.kind_rows import KindsNotDeclared
 
 pytestmark = pytest.mark.usefixtures("outbox_logger_restored")
 

@@ -26,7 +26,7 @@ from sqlalchemy import Connection, Engine, text
 from sqlalchemy.exc import DBAPIError
 
 import outbox
-from outbox.db import conninfo
+from outbox._internal.connections.engines import conninfo
 from outbox.executor.claimed import AttemptReport, FinishWrite
 from outbox.executor.store import ExecutorStore, Write
 from outbox.states import REASON_STATE, ActionState

@@ -12,7 +12,7 @@ from typing import Any
 
 from sqlalchemy import Engine, TextClause, text
 
-from outbox.db import conninfo
+from outbox._internal.connections.engines import conninfo
 from outbox.executor.store import ExecutorStore, Write
 from outbox.store import executor, metrics, operator
 from tests import kinds

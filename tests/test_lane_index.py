@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from sqlalchemy import Engine, text
 
 import outbox
-from outbox.db import conninfo
+from outbox._internal.connections.engines import conninfo
 from outbox.executor.claimed import AttemptReport, FinishWrite
 from outbox.executor.store import ExecutorStore, Write
 from tests import kinds

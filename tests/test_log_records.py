@@ -18,8 +18,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from outbox.log_records import hide_secrets_in_logs
-from outbox.masking import MASK, hide_url_secrets
+from outbox._internal.redaction.log_records import hide_secrets_in_logs
+from outbox._internal.redaction.masking import MASK, hide_url_secrets
 
 _HEALTH = [HealthCheck.too_slow]
 settings.register_profile(

@@ -19,7 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from outbox.db import conninfo
+from outbox._internal.connections.engines import conninfo
 from outbox.executor import Abandoned, ActionAttempt, Done, Executor, Failed, Result, Retry, Uncertain
 from outbox.executor.store import ExecutorStore
 from outbox.kinds import ActionKind

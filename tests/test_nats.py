@@ -29,10 +29,10 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 import outbox
 from demo.nats import NatsServer, free_port
+from outbox._internal.redaction.masking import MASK
 from outbox.errors import InvalidRequest
 from outbox.executor import Abandoned, ActionAttempt, Done, Executor, Result
 from outbox.kinds import ActionKind
-from outbox.masking import MASK
 from outbox.nats import (
     NatsAdapter,
     NatsConfig,

@@ -1,4 +1,4 @@
-"""The HTTP clients' idle check (outbox.network) against a real keep-alive HTTP server on 127.0.0.1.
+"""The HTTP clients' idle check (PoolsInTurn's pools) against a real keep-alive HTTP server on 127.0.0.1.
 
 A receiver may close a kept-alive connection between two requests (two webhooks, two GitHub posts).
 httpcore's pool learns it from the idle check (`is_readable`), now answered from the stream's socket: the
@@ -15,7 +15,7 @@ import httpx
 import pytest
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from outbox.network import POOLS, QuickIdleCheck, with_quick_idle_check
+from outbox._internal.connections.network import POOLS, QuickIdleCheck, with_quick_idle_check
 from outbox.webhook import WebhookAdapter
 from outbox.webhook import endpoints as endpoint_registry
 from tests.support import until

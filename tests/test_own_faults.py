@@ -34,11 +34,11 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from demo.sink import SmtpSink
 from examples.accounts import notices, schema
-from outbox.db import async_engine, fault_text
+from outbox._internal.connections.engines import async_engine, fault_text
+from outbox._internal.connections.faults import ended_by_the_server, own_database_fault
 from outbox.email import EmailAdapter, SmtpSettings, enqueue_email, message_id
 from outbox.executor import ActionAttempt, Done, Result
 from outbox.executor.backoff import OWN_FAULT_CAP_SECONDS, own_fault_delay
-from outbox.faults import ended_by_the_server, own_database_fault
 from outbox.testing import drain
 from tests import kinds
 from tests.adapters import ScriptedAdapter, fence_and_confirm

@@ -31,8 +31,8 @@ from sqlalchemy.engine import make_url
 
 from demo.sink import SmtpSink
 from examples.accounts import notices, schema
-from outbox.connection import bind_pooled
-from outbox.db import answered_connection, async_engine, psycopg_url
+from outbox._internal.connections.engines import answered_connection, async_engine, psycopg_url
+from outbox._internal.connections.opening import bind_pooled
 from outbox.email import enqueue_email
 from outbox.testing import install_kinds
 from tests import kinds

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from outbox._internal.checks.provider_urls import check_api_url, is_loopback
 from outbox.gitlab.hosts import check_url as gitlab_url
-from outbox.provider_urls import check_api_url, is_loopback
 
 PIECES = st.sampled_from(
     ["https://", "http://", "gitlab.example.com", "127.0.0.1", "[::1]", "localhost", "evil.example", ":443",

@@ -33,10 +33,10 @@ import pytest
 from sqlalchemy import Engine, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from outbox._internal.config.rates import Rate
 from outbox.db import async_engine
 from outbox.email import EmailAdapter, SmtpSettings, message_id
 from outbox.executor import Executor
-from outbox.rates import Rate
 from tests.support import enqueue_verify_emails
 from tests.throttling_relay import Refusal, ThrottlingRelay
 

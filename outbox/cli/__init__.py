@@ -11,7 +11,7 @@ script can act on:
 
 A password of the database URL (from `--database-url` or `OUTBOX_DATABASE_URL`) never reaches the line, and
 no log record of a command shows a URL's query or the secret of its user information, whichever library
-logs it (`outbox.log_records`).
+logs it (`outbox._internal.redaction.log_records`).
 Any other error is a fault of outbox's own and keeps its traceback.
 """
 
@@ -25,11 +25,11 @@ from typing import NoReturn
 import typer
 from typer.exceptions import TyperException
 
+from outbox._internal.redaction.log_records import hide_secrets_in_logs
 from outbox.cli import changes, db, demo, destinations, metrics, nats, ops, prefect, run, worker
 from outbox.cli.help import WholeHelpGroup, help_width
 from outbox.cli.options import chosen_cell, forget_chosen_cell, hide_passwords, printable, remember_passwords
 from outbox.errors import OutboxError
-from outbox.log_records import hide_secrets_in_logs
 
 # a traceback (a fault of outbox's own) never shows local values: a URL and its password are among them;
 # help is plain text that no word is cut from (see outbox.cli.help)

@@ -11,6 +11,7 @@ from typing import Literal
 
 import typer
 
+from outbox._internal.config.limits import PURGE_BATCH_SIZE
 from outbox.cli.options import (
     ID_ARGUMENT,
     JSON_OPTION,
@@ -22,7 +23,6 @@ from outbox.cli.options import (
     parse_duration,
     printable,
 )
-from outbox.limits import PURGE_BATCH_SIZE
 
 # rows per purge batch: each batch is one transaction and holds its row locks until it commits
 MAX_PURGE_BATCH_SIZE = 100_000

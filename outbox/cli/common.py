@@ -37,10 +37,10 @@ from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.pool import NullPool
 
+from outbox._internal.connections.engines import sync_engine
+from outbox._internal.connections.faults import ended_by_the_server
 from outbox.cli.options import Database, hide_passwords, printable
-from outbox.db import sync_engine
 from outbox.errors import OutboxError
-from outbox.faults import ended_by_the_server
 from outbox.states import ActionState
 from outbox.store.operator import STORE_EXISTS
 
@@ -127,7 +127,7 @@ class _HidingFormatter(logging.Formatter):
 
 def log_to_stderr() -> None:
     """What a long-running command logs, on stderr, from the level OUTBOX_LOG_LEVEL names (INFO unless set),
-    never holding the database password (nor a URL's secret: `outbox.log_records`)."""
+    never holding the database password (nor a URL's secret: `outbox._internal.redaction.log_records`)."""
     handler = logging.StreamHandler()
     handler.setFormatter(_HidingFormatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
     logging.basicConfig(level=log_level(os.environ.get(LOG_LEVEL_VARIABLE, "")), handlers=[handler], force=True)

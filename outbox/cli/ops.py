@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
+from outbox._internal.config.limits import MAX_PAGE
 from outbox.cli.options import (
     ID_ARGUMENT,
     JSON_OPTION,
@@ -23,7 +24,6 @@ from outbox.cli.options import (
     parse_duration,
     printable,
 )
-from outbox.limits import MAX_PAGE
 
 if TYPE_CHECKING:
     from outbox.action import Action

@@ -8,8 +8,8 @@ body, when it runs. Values are checked here, while the command line is read, so 
 The database URL and the two timeouts are read here, from `--database-url`/`OUTBOX_DATABASE_URL`,
 `--connect-timeout`/`OUTBOX_CONNECT_TIMEOUT_SECONDS` and
 `--statement-timeout`/`OUTBOX_STATEMENT_TIMEOUT_SECONDS`, with the defaults and variable names of
-`outbox.defaults` (which the library's `outbox.settings` has too), never through `outbox.settings` itself
-(it loads pydantic): `outbox status` stays light.
+`outbox._internal.config.defaults` (which the library's `outbox.settings` has too), never through
+`outbox.settings` itself (it loads pydantic): `outbox status` stays light.
 
 What reaches the terminal is here too, for every command and for `main`'s one error line alike:
 `printable` escapes the control characters of a value, and `hide_passwords` replaces the password of the
@@ -29,9 +29,9 @@ from typing import Any
 
 import typer
 
-from outbox.defaults import SETTINGS, setting_variable
+from outbox._internal.config.defaults import SETTINGS, setting_variable
+from outbox._internal.redaction.masking import hide, passwords_in
 from outbox.errors import OutboxError
-from outbox.masking import hide, passwords_in
 
 # PostgreSQL bigint: ids, account ids, counts
 MAX_BIGINT = 2**63 - 1

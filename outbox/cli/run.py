@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING
 
 import typer
 
+from outbox._internal.config.defaults import setting_variable
+from outbox._internal.config.limits import MAX_PAGE
 from outbox.cli.options import (
     MAX_BIGINT,
     MAX_SECONDS,
@@ -28,9 +30,7 @@ from outbox.cli.options import (
     finite,
     printable,
 )
-from outbox.defaults import setting_variable
 from outbox.executor.config import DEFAULTS
-from outbox.limits import MAX_PAGE
 
 # attempts in flight in one executor process; more belongs in more processes
 MAX_CONCURRENCY = 10_000
@@ -108,11 +108,11 @@ def run(
     its own."""
     import asyncio
 
+    from outbox._internal.checks.kind_rows import KindsNotDeclared
     from outbox.cli.common import err, log_to_stderr, migrated_engine
     from outbox.executor import ExecutorConfig
     from outbox.executor.adapter import load_adapters
     from outbox.executor.config import WRITE_WINDOW_SECONDS
-    from outbox.kind_rows import KindsNotDeclared
 
     if lease_seconds <= WRITE_WINDOW_SECONDS:
         window = f"the {WRITE_WINDOW_SECONDS:g} s write window"
@@ -157,11 +157,11 @@ async def _run(
     import logging
     import signal
 
-    from outbox.db import async_engine, shown_database
+    from outbox._internal.checks.kind_rows import require_declared
+    from outbox._internal.connections.engines import async_engine, shown_database
     from outbox.executor import Executor
     from outbox.executor.adapter import close_adapters
     from outbox.executor.config import ENGINE_POOL_SIZE, start_line
-    from outbox.kind_rows import require_declared
 
     engine = async_engine(
         db.url,
@@ -195,7 +195,7 @@ async def _asking_again(check: Callable[[], Awaitable[None]]) -> None:
 
     from sqlalchemy.exc import DBAPIError
 
-    from outbox.faults import ended_by_the_server
+    from outbox._internal.connections.faults import ended_by_the_server
 
     deadline = asyncio.get_running_loop().time() + START_ASK_SECONDS
     while True:
@@ -246,7 +246,7 @@ async def _serve_cell(
     import contextlib
     import logging
 
-    from outbox.db import async_engine, shown_database
+    from outbox._internal.connections.engines import async_engine, shown_database
     from outbox.executor import Executor
     from outbox.executor.adapter import close_adapters
     from outbox.executor.config import ENGINE_POOL_SIZE, start_line
@@ -296,11 +296,11 @@ async def _until_ready(
 
     from sqlalchemy.exc import DBAPIError
 
+    from outbox._internal.checks.kind_rows import KindsNotDeclared, require_declared
     from outbox.cli.all_cells import fault_line
     from outbox.cli.common import require_schema
     from outbox.errors import OutboxError
     from outbox.executor.store import CALL_SECONDS
-    from outbox.kind_rows import KindsNotDeclared, require_declared
 
     async def check() -> None:
         async with engine.connect() as conn:

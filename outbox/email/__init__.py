@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from outbox.exports import lazy_names
+from outbox._internal.exports import lazy_names
 
 if TYPE_CHECKING:
     from outbox.email.adapter import EmailAdapter, SmtpSettings, email_adapters

@@ -54,7 +54,9 @@ from typing import Literal
 import aiosmtplib
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from outbox.db import answered_connection
+from outbox._internal.checks.provider_urls import is_loopback
+from outbox._internal.config.rates import Rate, parse_rate
+from outbox._internal.connections.engines import answered_connection
 from outbox.email.kind import EMAIL
 from outbox.email.message import (
     HOST_LABEL,
@@ -82,8 +84,6 @@ from outbox.executor import (
     WriteWindow,
 )
 from outbox.kinds import ActionKind
-from outbox.provider_urls import is_loopback
-from outbox.rates import Rate, parse_rate
 
 TlsMode = Literal["auto", "starttls", "implicit", "none"]
 # the longest readback_ref the adapter records
@@ -108,7 +108,7 @@ class SmtpSettings:
     ca_file: Path | None = None
     # the name EHLO gives; None: derived (see the module's docstring and `default_helo_name`)
     helo_name: str | None = None
-    # the relay's rate for all executors together; None: none (outbox.rates)
+    # the relay's rate for all executors together; None: none (outbox._internal.config.rates)
     rate: Rate | None = None
 
     def __post_init__(self) -> None:

@@ -12,7 +12,7 @@ from typing import Literal
 from pydantic import SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from outbox.defaults import ENV_PREFIX
+from outbox._internal.config.defaults import ENV_PREFIX
 
 
 class EmailSettings(BaseSettings):

@@ -28,12 +28,12 @@ from dataclasses import dataclass, field
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from outbox.db import conninfo, fault_text
+from outbox._internal.connections.engines import conninfo, fault_text
+from outbox._internal.connections.faults import own_database_fault
 from outbox.executor.attempt import TraceValue
 from outbox.executor.claimed import AttemptReport, ClaimedAction, FinishWrite
 from outbox.executor.config import WRITE_WINDOW_SECONDS
 from outbox.executor.store import ExecutorStore, Write, WriteOutcome
-from outbox.faults import own_database_fault
 
 log = logging.getLogger("outbox.executor")
 

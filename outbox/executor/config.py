@@ -1,10 +1,12 @@
-"""ExecutorConfig: the executor's settings and their defaults, in one place. The command (`outbox run`), the
-drain flow and the settings take their defaults from here; it imports nothing, so the commands that never
-run an executor can."""
+"""ExecutorConfig: the executor's settings and their defaults, in one place. The command (`outbox run`) and the
+drain flow take their defaults from here, and the lease's from the settings' defaults (LEASE_SECONDS, which the
+drain flow's settings share); it imports nothing else, so the commands that never run an executor can."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from outbox._internal.config.defaults import LEASE_SECONDS
 
 # The provider call must end within this many seconds of the fence; a fence with less lease left refuses.
 WRITE_WINDOW_SECONDS = 60.0
@@ -22,7 +24,7 @@ class ExecutorConfig:
     # are free slots, so it is small when the executor is busy or idle and large under a burst
     claim_batch: int | None = None
     # a claim's lease; the write window (60 s) must fit inside it after the adapter's preparation
-    lease_seconds: float = 300.0
+    lease_seconds: float = LEASE_SECONDS
     # the longest an idle executor waits before it looks again without a notification
     poll_seconds: float = 1.0
     # how often expired leases and expired unstarted actions are looked for

@@ -1,4 +1,4 @@
-"""An executor's side of destinations: the claims held destinations allow, and what its attempts tell of them.
+"""Destinations, the executor's layer: the claims held destinations allow, and what its attempts tell of them.
 
     start ──adapters' `rates`──▶ ExecutorStore.set_rates                  (agent_destination.rate, burst)
     sweep ──▶ refresh: the held destinations (paused, broken, paced, rated) of this executor's kinds
@@ -28,6 +28,9 @@ The numbers are outbox.executor.pacing's. An adapter names its destinations and 
 optional `rates` property (name: Rate or None); the executor writes them when it starts, so the replicas
 share the rate of the one that started last. Each change this executor makes (paused, broken, refused, mended, and
 resumed when a pause it made ends) goes to `Outcomes.destination` (a log line, and the drain's Prefect events).
+
+Destinations are one concept in three layers: the operator's (outbox.destinations), the executor's
+(outbox.executor.destinations, pacing and turns) and the store's (outbox.store.destinations and destination_rows).
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ import logging
 import math
 from collections.abc import Iterable, Mapping
 
+from outbox._internal.config.rates import Rate
 from outbox.executor.adapter import ActionAdapter
 from outbox.executor.attempt import DestinationWaits
 from outbox.executor.claimed import ClaimedAction
@@ -55,7 +59,6 @@ from outbox.executor.results import CredentialsRefused, Done, Failed, Result, Re
 from outbox.executor.slow_start import SlowStart
 from outbox.executor.store import ExecutorStore
 from outbox.executor.turns import Turns
-from outbox.rates import Rate
 
 log = logging.getLogger("outbox.executor")
 

@@ -19,7 +19,7 @@ without counting the attempt, and fenced ones finish inside their window.
                                                    1 s doubling to 60 s, one WARNING (class, short message)
                    ─▶ otherwise               ─▶ Retry (counts; FAILED / ATTEMPTS_EXHAUSTED at the last)
 
-An own fault is a failure of outbox's database or connection pool (`outbox.faults.own_database_fault`):
+An own fault is a failure of outbox's database or connection pool (`own_database_fault`):
 the database restarting or failing over, a dropped connection, a pool with no connection free in time. A
 bug or bad data (a missing table, a broken constraint) is not one and spends attempts like any other
 exception.
@@ -43,8 +43,9 @@ import psycopg
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from outbox import tracing
-from outbox.connection import behind_pooler, connect_async
-from outbox.db import conninfo, fault_text, url_conninfo
+from outbox._internal.connections.engines import conninfo, fault_text, url_conninfo
+from outbox._internal.connections.faults import own_database_fault
+from outbox._internal.connections.opening import behind_pooler, connect_async
 from outbox.executor.adapter import ActionAdapter
 from outbox.executor.attempt import ActionAttempt, DestinationWaits, FenceRefused
 from outbox.executor.backoff import own_fault_delay, retry_delay
@@ -69,7 +70,6 @@ from outbox.executor.results import (
 )
 from outbox.executor.slow_start import INITIAL_WINDOW
 from outbox.executor.store import CALL_SECONDS, ExecutorStore, Shares
-from outbox.faults import own_database_fault
 from outbox.kinds import ActionKind
 from outbox.states import ActionState, StopReason
 from outbox.store import application as store

@@ -1,4 +1,4 @@
-"""The numbers of a destination's pause, pace and breaker, shared by every executor through the database.
+"""Destinations, the executor's layer: the numbers of a pause, a pace and a breaker, shared through the database.
 
 Pause. A provider's slow-down (outbox.executor.results.SlowDown) pauses its destination: for the wait the
 provider named (a Retry-After), else for one token of its pace (1 / pace seconds, at least MIN_PAUSE_SECONDS;
@@ -88,11 +88,14 @@ secret, so the destination is held as broken at once, for every executor, with t
 (`credentials_refused_at`, `credentials_reason`), and probed once every CREDENTIALS_PROBE_SECONDS; the action
 waits as long and its attempt does not count. Five minutes: a mended secret is found within them (an operator's
 `outbox destinations resume` probes at once), and a provider that stays refusing costs twelve requests an hour.
+
+Destinations are one concept in three layers: the operator's (outbox.destinations), the executor's
+(outbox.executor.destinations, pacing and turns) and the store's (outbox.store.destinations and destination_rows).
 """
 
 from __future__ import annotations
 
-from outbox.rates import BURST_SECONDS
+from outbox._internal.config.rates import BURST_SECONDS
 
 PAUSE_BASE_SECONDS = 0.5
 PAUSE_CAP_SECONDS = 300.0
@@ -118,7 +121,7 @@ CREDENTIALS_PROBE_SECONDS = 300.0
 GATE_WAIT_SECONDS = 10.0
 
 # the parameters of the pace in outbox.store.destinations' statements; a learned pace's bucket holds
-# BURST_SECONDS of it (outbox.rates), as a configured rate's does
+# BURST_SECONDS of it (outbox._internal.config.rates), as a configured rate's does
 PACE = {
     "decrease": DECREASE,
     "levelled": LEVELLED,

@@ -19,7 +19,7 @@ lock (SKIP LOCKED) but for a moment on a destination's row (on a connection of t
 milliseconds, so a call without an answer means a database or a network that
 stopped answering, which neither a statement timeout (the server's) nor TCP (a pooler or a proxy keeps
 acknowledging) may ever report. The connection is then closed unread, and the next call opens a new one
-(`outbox.connection.connect_async`: through a pooler, nothing is prepared on the server).
+(`outbox._internal.connections.opening.connect_async`: through a pooler, nothing is prepared on the server).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ import psycopg
 from psycopg.rows import namedtuple_row
 from sqlalchemy import TextClause
 
-from outbox.connection import connect_async
+from outbox._internal.connections.opening import connect_async
 from outbox.executor.attempt import TraceValue
 from outbox.executor.claimed import AttemptReport, ClaimedAction, FinishWrite
 from outbox.executor.outcomes import EndedAction
@@ -144,7 +144,7 @@ def bucket(seconds: float) -> float:
 class _Session:
     """One connection of the store: psycopg's own, opened from `url` on first use, in autocommit, and kept. A
     lost connection, or a call with no answer within CALL_SECONDS, raises psycopg's OperationalError (an own
-    fault, `outbox.faults.own_database_fault`); the next call opens a new connection. Its callers share it, so
+    fault, `own_database_fault`); the next call opens a new connection. Its callers share it, so
     its statements run one by one, never in a transaction that would take in another task's statements."""
 
     def __init__(self, url: str) -> None:
@@ -197,7 +197,7 @@ class _Session:
 
 class ExecutorStore:
     """The executor's statements, each a transaction of its own, on two connections this store holds (each a
-    `_Session`, from `url`: libpq parameters, `outbox.db.conninfo` of the executor's engine, timeouts included).
+    `_Session`, from `url`: libpq parameters, `conninfo` of the executor's engine, timeouts included).
 
     The claims, the sweep and the group commit run on one: a claim or a group commit costs one round trip and
     no pool checkout. The statements an attempt makes of its destination's row (its turn, a slow-down, a

@@ -1,4 +1,4 @@
-"""The turns of a held destination's attempts, taken for all of them that wait at once in one statement.
+"""Destinations, the executor's layer: a held destination's turns, taken for all its waiting attempts at once.
 
     gate(attempt) ──take(name)──▶ the destination's queue ──▶ one task per destination while it has a queue:
         every attempt queued meanwhile ──▶ ExecutorStore.take_send_tokens(name, count) (TAKE_SEND_TOKENS,
@@ -10,6 +10,9 @@ reach their fences one by one pays a statement a turn, and one with many attempt
 batch, a pace's burst) one statement for them all. A
 turn taken for an attempt cancelled meanwhile (the executor stopping) is a token unused, as it was when each
 attempt took its own. A failed statement fails every attempt of its batch, as it would have failed each.
+
+Destinations are one concept in three layers: the operator's (outbox.destinations), the executor's
+(outbox.executor.destinations, pacing and turns) and the store's (outbox.store.destinations and destination_rows).
 """
 
 from __future__ import annotations

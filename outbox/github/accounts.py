@@ -23,9 +23,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NoReturn
 
+from outbox._internal.checks.provider_urls import check_api_url
+from outbox._internal.config.rates import Rate, parse_rate
 from outbox.errors import OutboxError
-from outbox.provider_urls import check_api_url
-from outbox.rates import Rate, parse_rate
 
 # a function of an account's name: its secret (a token, or an App's private key), or None
 SecretSource = Callable[[str], str | None]

@@ -23,9 +23,10 @@ from typing import Any
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from outbox import tracing
+from outbox._internal.config.extras import needs
+from outbox._internal.config.rates import Rate
 from outbox.errors import InvalidRequest
 from outbox.executor import ActionAdapter, ActionAttempt, Done, Result, Retry, Uncertain
-from outbox.extras import needs
 from outbox.github.accounts import GithubSecretError, account_secret, registered_accounts
 from outbox.github.client import Credentials, SharedTransport, github_client
 from outbox.github.kind import GITHUB_POST
@@ -33,7 +34,6 @@ from outbox.github.posts import check_payload, marked, marker
 from outbox.github.readback import TooMany, find_post
 from outbox.github.replies import Answer, classify
 from outbox.kinds import ActionKind
-from outbox.rates import Rate
 
 with needs("github"):
     import httpx

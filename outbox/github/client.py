@@ -23,9 +23,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from outbox.extras import needs
+from outbox._internal.config.extras import needs
+from outbox._internal.connections.network import PoolsInTurn
 from outbox.github.accounts import GithubAccount
-from outbox.network import PoolsInTurn
 
 with needs("github"):
     from githubkit import AppInstallationAuthStrategy, GitHub, TokenAuthStrategy
@@ -35,7 +35,7 @@ USER_AGENT = "outbox-github/0.1.0"
 
 
 class SharedTransport(PoolsInTurn):
-    """The connection pools of every githubkit client of one event loop (outbox.network.PoolsInTurn): a client's own
+    """The connection pools of every githubkit client of one event loop (PoolsInTurn): a client's own
     close leaves them open."""
 
     async def aclose(self) -> None:

@@ -21,8 +21,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
+from outbox._internal.config.extras import needs
 from outbox.errors import OutboxError
-from outbox.extras import needs
 from outbox.github.posts import holds_marker
 
 with needs("github"):

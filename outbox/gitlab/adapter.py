@@ -49,6 +49,7 @@ from urllib.parse import urlsplit
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from outbox import tracing
+from outbox._internal.config.rates import Rate
 from outbox.errors import InvalidRequest
 from outbox.executor import (
     ActionAdapter,
@@ -68,7 +69,6 @@ from outbox.gitlab.hosts import GitlabHost, host_token, registered_hosts
 from outbox.gitlab.kind import GITLAB_POST
 from outbox.gitlab.posts import check_payload, marked, marker, marker_digits
 from outbox.kinds import ActionKind
-from outbox.rates import Rate
 
 T = TypeVar("T")
 # the longest one request may take, unless the write window ends sooner

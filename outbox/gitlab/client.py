@@ -24,8 +24,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NoReturn, TypeVar
 
+from outbox._internal.config.extras import needs
 from outbox.errors import OutboxError
-from outbox.extras import needs
 from outbox.gitlab.hosts import GitlabHost
 
 with needs("gitlab"):

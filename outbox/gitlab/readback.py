@@ -21,8 +21,8 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from outbox._internal.config.extras import needs
 from outbox.errors import OutboxError
-from outbox.extras import needs
 from outbox.gitlab.client import NO_RETRY, noteable, project_of
 from outbox.gitlab.posts import markers_in
 

@@ -45,9 +45,9 @@ from prometheus_client.registry import Collector
 from sqlalchemy import Connection, Engine, event
 from sqlalchemy.exc import DBAPIError
 
-from outbox import connection
-from outbox.connection import TCP_BOUNDS
-from outbox.db import fault_text, shown_url
+from outbox._internal.connections import opening
+from outbox._internal.connections.engines import fault_text, shown_url
+from outbox._internal.connections.opening import TCP_BOUNDS
 from outbox.destinations import Destination, destinations
 from outbox.executor.results import RESULT_NAMES
 from outbox.kinds import ActionKind
@@ -253,12 +253,12 @@ def _where(engine: Engine) -> str:
 
 def bound_connections(engine: Engine) -> None:
     """Give the engine's new connections a connect timeout of at most CONNECT_TIMEOUT_SECONDS, and
-    `outbox.connection.TCP_BOUNDS` except what its URL sets itself (a host that stops acknowledging fails the
-    connection after about 5 s, instead of the system's minutes), then opens them by `outbox.connection`'s
+    `TCP_BOUNDS` except what its URL sets itself (a host that stops acknowledging fails the
+    connection after about 5 s, instead of the system's minutes), then opens them by `opening`'s
     rules with these parameters."""
     if not event.contains(engine, "do_connect", _bound_connect):
         event.listen(engine, "do_connect", _bound_connect)
-        connection.install(engine)
+        opening.install(engine)
 
 
 def _bound_connect(dialect: Any, record: Any, cargs: Any, cparams: dict[str, Any]) -> None:

@@ -49,10 +49,10 @@ from typing import Any
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from outbox import tracing
-from outbox.db import answered_connection
+from outbox._internal.config.extras import needs
+from outbox._internal.connections.engines import answered_connection
 from outbox.executor import ActionAdapter, ActionAttempt, Cancelled, Done, Failed, Result, Retry, Uncertain
 from outbox.executor.attempt import WriteWindow
-from outbox.extras import needs
 from outbox.kinds import ActionKind
 from outbox.nats.client import CannotReach, NatsClient, connect
 from outbox.nats.events import NatsEvent, PreparedEvent, event_of

@@ -16,8 +16,8 @@ import asyncio
 import contextlib
 from dataclasses import dataclass, field
 
+from outbox._internal.config.extras import needs
 from outbox.errors import OutboxError
-from outbox.extras import needs
 from outbox.nats.settings import NatsConfig
 
 with needs("nats"):

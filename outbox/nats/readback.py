@@ -20,8 +20,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from outbox._internal.config.extras import needs
 from outbox.executor.attempt import TraceValue
-from outbox.extras import needs
 from outbox.nats.message import MSG_ID_HEADER
 
 with needs("nats"):

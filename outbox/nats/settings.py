@@ -17,8 +17,8 @@ from urllib.parse import urlsplit
 from pydantic import SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from outbox.defaults import ENV_PREFIX
-from outbox.masking import MASK
+from outbox._internal.config.defaults import ENV_PREFIX
+from outbox._internal.redaction.masking import MASK
 
 DEFAULT_PORT = 4222
 

@@ -17,8 +17,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from outbox._internal.config.extras import needs
 from outbox.errors import OutboxError
-from outbox.extras import needs
 from outbox.nats.client import connect
 from outbox.nats.settings import NatsConfig
 

@@ -41,6 +41,8 @@ from typing import Any
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from outbox import tracing
+from outbox._internal.config.extras import needs
+from outbox._internal.config.rates import Rate
 from outbox.errors import InvalidRequest
 from outbox.executor import (
     ActionAdapter,
@@ -55,9 +57,7 @@ from outbox.executor import (
 )
 from outbox.executor.backoff import slow_down
 from outbox.executor.pacing import GATE_WAIT_SECONDS
-from outbox.extras import needs
 from outbox.kinds import ActionKind
-from outbox.rates import Rate
 from outbox.slack.kind import SLACK_MESSAGE
 from outbox.slack.messages import check_payload
 from outbox.slack.readback import Found, Unprovable, look, message_marker, metadata, since_ts

@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from outbox.extras import needs
+from outbox._internal.config.extras import needs
 
 with needs("slack"):
     from slack_sdk.web.async_client import AsyncWebClient

@@ -21,8 +21,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NoReturn
 
+from outbox._internal.config.rates import Rate, parse_rate
 from outbox.errors import OutboxError
-from outbox.rates import Rate, parse_rate
 
 # a function of a workspace's name: its token, or None
 TokenSource = Callable[[str], str | None]

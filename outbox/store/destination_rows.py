@@ -1,9 +1,12 @@
-"""The statements `outbox destinations`, `outbox status` and the metrics read destinations with
-(outbox.destinations runs them), beside the executors' and the operator's own in outbox.store.destinations.
+"""Destinations, the store's layer: the statements `outbox destinations`, `outbox status` and the metrics read
+them with (outbox.destinations runs them), beside the executors' and the operator's own in outbox.store.destinations.
 
     DESTINATION_ROWS       every destination with a row or an action not ended, as they read it
     LIVE_DESTINATION_KIND  the kind a pause of a destination without a row gives it
     DECLARED_DESTINATION_KIND  else, the declared kind whose own destination it is (nothing named it yet)
+
+Destinations are one concept in three layers: the operator's (outbox.destinations), the executor's
+(outbox.executor.destinations, pacing and turns) and the store's (outbox.store.destinations and destination_rows).
 """
 
 from __future__ import annotations

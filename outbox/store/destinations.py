@@ -1,5 +1,5 @@
-"""The statements of destinations: the claims a held destination allows, the slow-down, the breaker, the
-rates the executors set, and the operator's view and commands.
+"""Destinations, the store's layer: the statements of the claims a held destination allows, the slow-down, the
+breaker, the rates the executors set, and the operator's commands.
 
     executor start ─▶ SET_RATES, CLEAR_RATES                 (the configured rates, for all executors)
     every sweep   ─▶ HELD_DESTINATIONS                       (the rows that hold a destination back)
@@ -19,6 +19,9 @@ rates the executors set, and the operator's view and commands.
 
 A destination without a row is open. The pace, the pause and the breaker are described with their numbers
 in outbox.executor.pacing; every time is the database clock.
+
+Destinations are one concept in three layers: the operator's (outbox.destinations), the executor's
+(outbox.executor.destinations, pacing and turns) and the store's (outbox.store.destinations and destination_rows).
 """
 
 from __future__ import annotations

@@ -60,13 +60,13 @@ from typing import Any
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from outbox import tracing
+from outbox._internal.config.extras import needs
+from outbox._internal.config.rates import Rate
 from outbox.errors import InvalidRequest
 from outbox.executor import ActionAdapter, ActionAttempt, Cancelled, Done, Failed, Result, Retry, Uncertain
 from outbox.executor.attempt import WriteWindow
 from outbox.executor.backoff import slow_down
-from outbox.extras import needs
 from outbox.kinds import ActionKind
-from outbox.rates import Rate
 from outbox.webhook.endpoints import WebhookEndpoint, endpoint_secrets, registered_endpoints
 from outbox.webhook.events import UnknownEvent, event_of
 from outbox.webhook.kind import WEBHOOK
@@ -75,7 +75,7 @@ from outbox.webhook.message import InvalidBody, SignedRequest, body, signed, sig
 with needs("webhook"):
     import httpx
 
-    from outbox.network import PoolsInTurn, with_quick_idle_check
+    from outbox._internal.connections.network import PoolsInTurn, with_quick_idle_check
 
 # what a Retry's reason says when the request went out and its answer was lost: the receiver may hold it
 SENT_UNANSWERED = "after the request was sent"

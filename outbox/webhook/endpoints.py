@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 from typing import NoReturn
 from urllib.parse import urlsplit
 
+from outbox._internal.checks.provider_urls import MAX_URL_LENGTH, is_host
+from outbox._internal.config.rates import Rate, parse_rate
 from outbox.errors import OutboxError
-from outbox.provider_urls import MAX_URL_LENGTH, is_host
-from outbox.rates import Rate, parse_rate
 
 # a function of an endpoint's name: its secret, or None
 SecretSource = Callable[[str], str | None]

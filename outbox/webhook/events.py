@@ -21,10 +21,10 @@ from typing import Any, ClassVar
 
 from sqlalchemy import TextClause
 
+from outbox._internal.checks.event_payload import checked_event, parts, split_checked
 from outbox.action import Action
 from outbox.errors import InvalidRequest, OutboxError
 from outbox.event_definition import EventDefinition
-from outbox.event_payload import checked_event, parts, split_checked
 from outbox.intake import enqueue, enqueue_async, held_action, held_action_async
 from outbox.requests import ActionRequest
 from outbox.store.caller import AsyncConn, SyncConnection

@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from outbox._internal.config.extras import needs
 from outbox.errors import OutboxError
 from outbox.event_data import UnwritableData, dumped
-from outbox.extras import needs
 
 with needs("webhook"):
     from standardwebhooks import Webhook

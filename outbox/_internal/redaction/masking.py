@@ -6,9 +6,9 @@ with it as ***. Standard library only, so the `outbox` command loads it before a
     text ─ hide_credentials ─▶ the password of each URL in it (user:password@) and each password=... as ***
     text ─ hide_url_secrets ─▶ each URL in it with its user information's secret and its query as ***
 
-`outbox.db.shown_url` renders a URL through `hide_credentials`, `outbox.db.fault_text` passes a driver's
+`engines.shown_url` renders a URL through `hide_credentials`, `engines.fault_text` passes a driver's
 message through both, and the commands pass every line they print through `hide` with the passwords of
-the database URLs they were given. `outbox.log_records` passes every log record of a process outbox starts
+the database URLs they were given. `log_records` passes every log record of a process outbox starts
 through `hide_url_secrets` and `hide_credentials`.
 """
 

@@ -3,7 +3,7 @@
     any logger (outbox's, httpx, httpcore, aiosmtplib, nats, Prefect's, ...) ─ makes a record ─▶
       the record factory installed by `hide_secrets_in_logs`:
         the message as formatted, showing a URL's secret ─▶ that message with it as ***, no arguments
-        (`outbox.masking.hide_url_secrets`: a URL's query and fragment, its user information's password or
+        (`masking.hide_url_secrets`: a URL's query and fragment, its user information's password or
         token; `hide_credentials`: a password=... parameter)
         a traceback or stack that shows one ─▶ its text hidden, the exception itself dropped from the record
         a record that shows none ─▶ left as it is (one search for "://" or "password" tells most of them)
@@ -20,7 +20,7 @@ import logging
 import re
 from typing import Any
 
-from outbox.masking import hide_credentials, hide_url_secrets
+from outbox._internal.redaction.masking import hide_credentials, hide_url_secrets
 
 
 def hidden_text(text: str) -> str:

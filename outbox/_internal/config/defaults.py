@@ -14,9 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-from outbox.executor.config import DEFAULTS as EXECUTOR_DEFAULTS
-
 ENV_PREFIX = "OUTBOX_"
+# a claim's lease, in seconds: the executor's default (outbox.executor.ExecutorConfig) and the drain flow's
+LEASE_SECONDS = 300.0
 
 
 @dataclass(frozen=True)
@@ -34,7 +34,7 @@ class SettingDefaults:
     # where `outbox demo` keeps its embedded PostgreSQL, data and logs when it is given no database
     data_dir: Path = Path(".outbox")
     # a claim's lease in the drain flow's executor (more than the 60 s write window)
-    lease_seconds: float = EXECUTOR_DEFAULTS.lease_seconds
+    lease_seconds: float = LEASE_SECONDS
     # names this installation in the drain runs' Prefect tags (`env:<environment>`)
     environment: str = "default"
 

@@ -7,7 +7,7 @@
       ─▶ behind a pooler? (the server process that answers a query is not the one the handshake named)
              ─▶ no server-side prepared statements on this connection
 
-Every engine of `outbox.db` opens its connections through `install` (SQLAlchemy's connect events); the
+Every engine of `engines` opens its connections through `install` (SQLAlchemy's connect events); the
 executor's own connections through `connect_async`.
 
 Why each rule:
@@ -47,7 +47,7 @@ TCP_BOUNDS: dict[str, Any] = {
     "keepalives_count": 2,
     "tcp_user_timeout": 5000,
 }
-# the option `outbox.db.engine_url` adds to the startup options; the only one outbox takes back
+# the option `engines.engine_url` adds to the startup options; the only one outbox takes back
 STATEMENT_TIMEOUT_OPTION = re.compile(r"\s*--statement_timeout=\d+")
 _REFUSED_OPTION = "unsupported startup parameter"
 _said_refused = False

@@ -1,0 +1,2 @@
+"""Settings and defaults: the settings' defaults and their OUTBOX_ variables (defaults), the limits the library
+and the command share (limits), the optional parts and their extras (extras), a configured rate (rates)."""
