@@ -19,6 +19,7 @@ from prefect.testing.utilities import prefect_test_harness
 from sqlalchemy import Engine
 
 from flows.drain import drain
+from outbox._internal.config.credentials import Sources
 from outbox.github import accounts as account_registry
 from outbox.github import register_account
 from outbox.webhook import endpoints as endpoint_registry
@@ -68,7 +69,7 @@ async def test_a_run_without_a_webhook_secret_fails_in_one_line_naming_the_prefe
     engine: Engine, outbox_env: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(endpoint_registry, "_ENDPOINTS", {})
-    monkeypatch.setattr(endpoint_registry, "_SOURCES", [])
+    monkeypatch.setattr(endpoint_registry, "_SOURCES", Sources("secret"))
     for name in [name for name in os.environ if name.startswith("OUTBOX_WEBHOOK_SECRET_")]:
         monkeypatch.delenv(name)
     register_endpoint("unsigned-hooks", "http://127.0.0.1:9/hooks")
@@ -90,7 +91,7 @@ async def test_a_run_without_outbox_nats_url_fails_in_one_line_naming_it(
 @pytest.fixture
 def no_github_accounts(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(account_registry, "_ACCOUNTS", {})
-    monkeypatch.setattr(account_registry, "_SOURCES", [])
+    monkeypatch.setattr(account_registry, "_SOURCES", Sources("secret"))
     for name in [name for name in os.environ if name.startswith("OUTBOX_GITHUB_")]:
         monkeypatch.delenv(name)
 

@@ -21,6 +21,7 @@ import outbox.email.notice as notice_registry
 import outbox.nats.events as nats_registry
 import outbox.webhook.endpoints as endpoint_registry
 import outbox.webhook.events as webhook_registry
+from outbox._internal.config.credentials import Sources
 from outbox.email import Draft, EmailNotice, Recipient
 from outbox.errors import InvalidRequest
 from outbox.event_definition import EventDefinition
@@ -104,7 +105,7 @@ def registered(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[EmailNotice, W
     monkeypatch.setattr(webhook_registry, "_EVENTS", {})
     monkeypatch.setattr(nats_registry, "_EVENTS", {})
     monkeypatch.setattr(endpoint_registry, "_ENDPOINTS", {})
-    monkeypatch.setattr(endpoint_registry, "_SOURCES", [])
+    monkeypatch.setattr(endpoint_registry, "_SOURCES", Sources("secret"))
     register_endpoint("crm", "http://127.0.0.1:9/hooks", secret="whsec_" + base64.b64encode(b"k" * 32).decode())
     yield (
         notice_registry.register(Welcome()),

@@ -31,6 +31,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from demo.github_api import HEAD_SHA, GithubApi
 from outbox import InvalidRequest
+from outbox._internal.config.credentials import Sources
 from outbox.executor import ActionAdapter, CredentialsRefused, Executor, Failed, Result, Retry, SlowDown
 from outbox.github import (
     BODY_LIMIT,
@@ -62,7 +63,7 @@ REPO = "acme/web"
 def registries(monkeypatch: pytest.MonkeyPatch) -> None:
     """Each test registers its own accounts and secret sources."""
     monkeypatch.setattr(account_registry, "_ACCOUNTS", {})
-    monkeypatch.setattr(account_registry, "_SOURCES", [])
+    monkeypatch.setattr(account_registry, "_SOURCES", Sources("secret"))
     for name in [name for name in os.environ if name.startswith("OUTBOX_GITHUB_")]:
         monkeypatch.delenv(name)
 

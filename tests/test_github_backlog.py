@@ -17,6 +17,7 @@ from sqlalchemy import Engine, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from demo.github_api import GithubApi
+from outbox._internal.config.credentials import Sources
 from outbox.executor import Executor
 from outbox.github import GithubAdapter, comment_request, marker, register_account
 from outbox.github import accounts as account_registry
@@ -33,7 +34,7 @@ RATE = 40.0
 @pytest.fixture(autouse=True)
 def registries(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(account_registry, "_ACCOUNTS", {})
-    monkeypatch.setattr(account_registry, "_SOURCES", [])
+    monkeypatch.setattr(account_registry, "_SOURCES", Sources("secret"))
     for name in [name for name in os.environ if name.startswith("OUTBOX_GITHUB_")]:
         monkeypatch.delenv(name)
 

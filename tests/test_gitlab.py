@@ -29,6 +29,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 import outbox
 from demo.gitlab_api import GitlabApi, Noteable, now_text
+from outbox._internal.config.credentials import Sources
 from outbox.errors import InvalidRequest
 from outbox.executor import Executor
 from outbox.gitlab import hosts as host_registry
@@ -61,7 +62,7 @@ COMMENTS = [
 def registries(monkeypatch: pytest.MonkeyPatch) -> None:
     """Each test registers its own hosts and token sources."""
     monkeypatch.setattr(host_registry, "_HOSTS", {})
-    monkeypatch.setattr(host_registry, "_SOURCES", [])
+    monkeypatch.setattr(host_registry, "_SOURCES", Sources("token"))
     for name in [name for name in os.environ if name.startswith("OUTBOX_GITLAB_TOKEN_")]:
         monkeypatch.delenv(name)
 

@@ -15,6 +15,7 @@ import httpx
 import pytest
 from sqlalchemy.ext.asyncio import create_async_engine
 
+from outbox._internal.config.credentials import Sources
 from outbox._internal.connections.network import POOLS, QuickIdleCheck, with_quick_idle_check
 from outbox.webhook import WebhookAdapter
 from outbox.webhook import endpoints as endpoint_registry
@@ -80,7 +81,7 @@ async def test_the_adapter_s_client_checks_idle_connections_on_their_socket(monk
     """The webhook client's pools, taken in turn; fails when an httpx release moves the pool that
     `use_quick_idle_check` reaches."""
     monkeypatch.setattr(endpoint_registry, "_ENDPOINTS", {})  # another test's endpoints and their secrets stay out
-    monkeypatch.setattr(endpoint_registry, "_SOURCES", [])
+    monkeypatch.setattr(endpoint_registry, "_SOURCES", Sources("secret"))
     engine = create_async_engine("postgresql+psycopg://outbox@127.0.0.1:1/outbox")  # never connects
     adapter = WebhookAdapter(engine)
     try:

@@ -20,6 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from demo.github_api import GithubApi
 from demo.slack_api import SlackApi
+from outbox._internal.config.credentials import Sources
 from outbox.github import GithubAdapter, marker, register_account
 from outbox.github import accounts as account_registry
 from outbox.slack import SlackAdapter, message_marker, register_workspace
@@ -44,9 +45,9 @@ def registries(monkeypatch: pytest.MonkeyPatch) -> None:
     """Each test registers its own workspace or account; their tokens come from the environment, as the
     pages' set-up says."""
     monkeypatch.setattr(workspace_registry, "_WORKSPACES", {})
-    monkeypatch.setattr(workspace_registry, "_SOURCES", [])
+    monkeypatch.setattr(workspace_registry, "_SOURCES", Sources("token"))
     monkeypatch.setattr(account_registry, "_ACCOUNTS", {})
-    monkeypatch.setattr(account_registry, "_SOURCES", [])
+    monkeypatch.setattr(account_registry, "_SOURCES", Sources("secret"))
     for name in [name for name in os.environ if name.startswith(("OUTBOX_SLACK_", "OUTBOX_GITHUB_"))]:
         monkeypatch.delenv(name)
     monkeypatch.setenv("OUTBOX_SLACK_TOKEN_ACME", SLACK_TOKEN)

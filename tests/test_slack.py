@@ -29,6 +29,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from demo.slack_api import SlackApi
 from outbox import InvalidRequest
+from outbox._internal.config.credentials import Sources
 from outbox.executor import CredentialsRefused, Executor, Failed, Retry, SlowDown
 from outbox.slack import (
     SlackAdapter,
@@ -57,7 +58,7 @@ OTHER = "C0000000002"
 def registries(monkeypatch: pytest.MonkeyPatch) -> None:
     """Each test registers its own workspaces and token sources."""
     monkeypatch.setattr(workspace_registry, "_WORKSPACES", {})
-    monkeypatch.setattr(workspace_registry, "_SOURCES", [])
+    monkeypatch.setattr(workspace_registry, "_SOURCES", Sources("token"))
     for name in [name for name in os.environ if name.startswith("OUTBOX_SLACK_TOKEN_")]:
         monkeypatch.delenv(name)
 

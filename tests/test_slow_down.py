@@ -24,6 +24,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from demo.receiver import Receiver
 from demo.sink import Faults, SmtpSink
 from examples.accounts import notices, schema
+from outbox._internal.config.credentials import Sources
 from outbox.email import EmailAdapter, SmtpSettings, enqueue_email
 from outbox.email.replies import BEFORE_DATA, REPLY_RULES, SLOW_DOWN_WORDS, ReplyRule, classify_reply, markdown_rows
 from outbox.executor import Defer, Executor, Failed, Retry, SlowDown, Uncertain
@@ -328,7 +329,7 @@ class Pinged(NumberedHook):
 def receiver(monkeypatch: pytest.MonkeyPatch) -> Iterator[Receiver]:
     """A receiver registered as the `slowdown` endpoint, in registries of this test's own."""
     monkeypatch.setattr(endpoint_registry, "_ENDPOINTS", {})
-    monkeypatch.setattr(endpoint_registry, "_SOURCES", [])
+    monkeypatch.setattr(endpoint_registry, "_SOURCES", Sources("secret"))
     monkeypatch.setattr(event_registry, "_EVENTS", {})
     started = Receiver(SECRET).start()
     register_endpoint("slowdown", started.url, secret=SECRET)

@@ -49,6 +49,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 import outbox
 from demo.nats import NatsServer
+from outbox._internal.config.credentials import Sources
 from outbox.nats import NatsEvent, enqueue_event_async
 from outbox.nats import events as nats_registry
 from outbox.nats import register as register_event
@@ -285,7 +286,7 @@ class WebhookReceiver:
 @pytest.fixture
 def receiver(monkeypatch: pytest.MonkeyPatch) -> Iterator[WebhookReceiver]:
     monkeypatch.setattr(endpoint_registry, "_ENDPOINTS", {})
-    monkeypatch.setattr(endpoint_registry, "_SOURCES", [])
+    monkeypatch.setattr(endpoint_registry, "_SOURCES", Sources("secret"))
     monkeypatch.setattr(event_registry, "_EVENTS", {})
     monkeypatch.setattr(nats_registry, "_EVENTS", {})
     running = WebhookReceiver()

@@ -34,6 +34,7 @@ from standardwebhooks import Webhook, WebhookVerificationError
 import outbox
 from demo.receiver import Receiver
 from outbox import InvalidRequest
+from outbox._internal.config.credentials import Sources
 from outbox.executor import ActionAdapter, Executor
 from outbox.nats.message import message_body
 from outbox.testing import drain
@@ -107,7 +108,7 @@ INVOICE_PAID = InvoicePaid()
 def registries(monkeypatch: pytest.MonkeyPatch) -> None:
     """Each test registers its own endpoints, events and secret sources."""
     monkeypatch.setattr(endpoint_registry, "_ENDPOINTS", {})
-    monkeypatch.setattr(endpoint_registry, "_SOURCES", [])
+    monkeypatch.setattr(endpoint_registry, "_SOURCES", Sources("secret"))
     monkeypatch.setattr(event_registry, "_EVENTS", {})
     for name in [name for name in os.environ if name.startswith("OUTBOX_WEBHOOK_SECRET_")]:
         monkeypatch.delenv(name)

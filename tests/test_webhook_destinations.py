@@ -30,6 +30,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from demo.receiver import Receiver, Seen
+from outbox._internal.config.credentials import Sources
 from outbox.executor import Executor, ExecutorConfig
 from outbox.webhook import WebhookAdapter, enqueue_webhook_async, register_endpoint
 from outbox.webhook import endpoints as endpoint_registry
@@ -60,7 +61,7 @@ ALPHA, BETA = AlphaPing(), BetaPing()
 def registries(monkeypatch: pytest.MonkeyPatch) -> None:
     """Each test registers its own endpoints and events."""
     monkeypatch.setattr(endpoint_registry, "_ENDPOINTS", {})
-    monkeypatch.setattr(endpoint_registry, "_SOURCES", [])
+    monkeypatch.setattr(endpoint_registry, "_SOURCES", Sources("secret"))
     monkeypatch.setattr(event_registry, "_EVENTS", {})
 
 

@@ -17,20 +17,15 @@ registered. The URL is https, or http only to a loopback address (a token never 
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NoReturn
 
 from outbox._internal.checks.provider_urls import check_api_url
+from outbox._internal.config.credentials import Source, SourceLabel, Sources
 from outbox._internal.config.rates import Rate, parse_rate
 from outbox.errors import OutboxError
-
-# a function of an account's name: its secret (a token, or an App's private key), or None
-SecretSource = Callable[[str], str | None]
-# a function of an account's name: where a source looks, as an error names it ("the Prefect Secret block ...")
-SourceLabel = Callable[[str], str]
 
 GITHUB_API = "https://api.github.com"
 # GitHub's secondary rate limit: no more than 80 content-creating requests a minute
@@ -41,7 +36,7 @@ _TOKEN = re.compile(r"[A-Za-z0-9_]{20,255}")
 _PEM = re.compile(r"-----BEGIN (RSA )?PRIVATE KEY-----\s+[A-Za-z0-9+/=\s]+-----END (RSA )?PRIVATE KEY-----\s*")
 
 _ACCOUNTS: dict[str, GithubAccount] = {}
-_SOURCES: list[tuple[SecretSource, SourceLabel]] = []
+_SOURCES = Sources("secret")
 
 
 class UnknownAccount(OutboxError, LookupError):
@@ -142,11 +137,10 @@ def registered_accounts() -> tuple[GithubAccount, ...]:
     return tuple(_ACCOUNTS[name] for name in sorted(_ACCOUNTS))
 
 
-def add_secret_source(source: SecretSource, *, label: SourceLabel | None = None) -> None:
+def add_secret_source(source: Source, *, label: SourceLabel | None = None) -> None:
     """Ask `source(account name)` for the account's secret (its token, or its App's private key) when neither the
     code nor the environment gives one; sources are asked in the order added, and None passes to the next."""
-    if all(source is not known for known, _ in _SOURCES):
-        _SOURCES.append((source, label or _named_source(source)))
+    _SOURCES.add(source, label)
 
 
 def account_secret(account: GithubAccount) -> str:
@@ -154,20 +148,16 @@ def account_secret(account: GithubAccount) -> str:
     if account.secret is not None:
         return check_secret(account, account.secret, f"the {account.secret_kind} given to register_account")
     variable = account.secret_variable
-    found = os.environ.get(variable)
+    found = _SOURCES.find(account.name, variable, _failed(account.name))
     if found is not None:
-        return check_secret(account, found, variable)
-    for source, label in _SOURCES:
-        where = label(account.name)
-        try:
-            found = source(account.name)
-        except Exception as error:
-            raise GithubSecretError(f"GitHub account {account.name}: {where} failed ({type(error).__name__})") from None
-        if found is not None:
-            return check_secret(account, found, where)
+        return check_secret(account, *found)
     given = "private_key=" if account.is_app else "token="
-    asked = [f"the code (register_account's {given})", variable, *(label(account.name) for _, label in _SOURCES)]
+    asked = [f"the code (register_account's {given})", variable, *_SOURCES.asked(account.name)]
     return _no_secret(account, asked)
+
+
+def _failed(name: str) -> Callable[[str, Exception], Exception]:
+    return lambda where, error: GithubSecretError(f"GitHub account {name}: {where} failed ({type(error).__name__})")
 
 
 def _no_secret(account: GithubAccount, asked: list[str]) -> NoReturn:
@@ -177,11 +167,6 @@ def _no_secret(account: GithubAccount, asked: list[str]) -> NoReturn:
         f"GitHub account {account.name} has no {account.secret_kind}: neither {places} holds one; put {wanted}"
         " in one of them"
     )
-
-
-def _named_source(source: SecretSource) -> SourceLabel:
-    name = f"the secret source {getattr(source, '__qualname__', type(source).__name__)}"
-    return lambda _account: name
 
 
 def check_secret(account: GithubAccount, value: object, where: str) -> str:

@@ -20,20 +20,15 @@ registered with its own (`rate="60/min"`).
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NoReturn
 
 from outbox._internal.checks.provider_urls import check_api_url
+from outbox._internal.config.credentials import Source, SourceLabel, Sources
 from outbox._internal.config.rates import Rate, parse_rate
 from outbox.errors import OutboxError
-
-# a function of a host's name: its token, or None
-TokenSource = Callable[[str], str | None]
-# a function of a host's name: where a source looks, as an error names it ("the Prefect Secret block ...")
-SourceLabel = Callable[[str], str]
 
 # GitLab's default limits on notes and on issues created by one user: 300 a minute each
 DEFAULT_RATE = "300/min"
@@ -42,7 +37,7 @@ _NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}")
 _TOKEN = re.compile(r"[A-Za-z0-9_.\-]{20,1024}")
 
 _HOSTS: dict[str, GitlabHost] = {}
-_SOURCES: list[tuple[TokenSource, SourceLabel]] = []
+_SOURCES = Sources("token")
 
 
 class UnknownHost(OutboxError, LookupError):
@@ -116,11 +111,10 @@ def registered_hosts() -> tuple[GitlabHost, ...]:
     return tuple(_HOSTS[name] for name in sorted(_HOSTS))
 
 
-def add_token_source(source: TokenSource, *, label: SourceLabel | None = None) -> None:
+def add_token_source(source: Source, *, label: SourceLabel | None = None) -> None:
     """Ask `source(host name)` for a token when neither the code nor the environment gives one; sources are
     asked in the order added, and None passes to the next. `label(host name)` says where the source looks."""
-    if all(source is not known for known, _ in _SOURCES):
-        _SOURCES.append((source, label or _named_source(source)))
+    _SOURCES.add(source, label)
 
 
 def host_token(host: GitlabHost) -> str:
@@ -128,19 +122,15 @@ def host_token(host: GitlabHost) -> str:
     if host.token is not None:
         return check_token(host.name, host.token, "the token given to register_host")
     variable = host.token_variable
-    found = os.environ.get(variable)
+    found = _SOURCES.find(host.name, variable, _failed(host.name))
     if found is not None:
-        return check_token(host.name, found, variable)
-    for source, label in _SOURCES:
-        where = label(host.name)
-        try:
-            found = source(host.name)
-        except Exception as error:
-            raise GitlabTokenError(f"GitLab host {host.name}: {where} failed ({type(error).__name__})") from None
-        if found is not None:
-            return check_token(host.name, found, where)
-    asked = ["the code (register_host's token=)", variable, *(label(host.name) for _, label in _SOURCES)]
+        return check_token(host.name, *found)
+    asked = ["the code (register_host's token=)", variable, *_SOURCES.asked(host.name)]
     return _no_token(host.name, asked)
+
+
+def _failed(name: str) -> Callable[[str, Exception], Exception]:
+    return lambda where, error: GitlabTokenError(f"GitLab host {name}: {where} failed ({type(error).__name__})")
 
 
 def _no_token(name: str, asked: list[str]) -> NoReturn:
@@ -149,11 +139,6 @@ def _no_token(name: str, asked: list[str]) -> NoReturn:
         f"GitLab host {name} has no token: neither {places} holds one; put a personal, project or group access"
         " token with the api scope in one of them"
     )
-
-
-def _named_source(source: TokenSource) -> SourceLabel:
-    name = f"the token source {getattr(source, '__qualname__', type(source).__name__)}"
-    return lambda _host: name
 
 
 def check_token(name: str, value: object, where: str) -> str:

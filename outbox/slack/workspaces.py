@@ -15,19 +15,14 @@ The destination is the workspace (`slack:<name>`): its `rate`, when given, holds
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NoReturn
 
+from outbox._internal.config.credentials import Source, SourceLabel, Sources
 from outbox._internal.config.rates import Rate, parse_rate
 from outbox.errors import OutboxError
-
-# a function of a workspace's name: its token, or None
-TokenSource = Callable[[str], str | None]
-# a function of a workspace's name: where a source looks ("the Prefect Secret block outbox-slack-acme")
-SourceLabel = Callable[[str], str]
 
 SLACK_API = "https://slack.com/api/"
 # Slack's documented pace for chat.postMessage in one channel: about one message a second
@@ -37,7 +32,7 @@ _TOKEN = re.compile(r"(xoxe\.)?xox[bp]-[A-Za-z0-9-]{8,250}")
 _NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}")
 
 _WORKSPACES: dict[str, SlackWorkspace] = {}
-_SOURCES: list[tuple[TokenSource, SourceLabel]] = []
+_SOURCES = Sources("token")
 
 
 class UnknownWorkspace(OutboxError, LookupError):
@@ -128,11 +123,10 @@ def registered_workspaces() -> tuple[SlackWorkspace, ...]:
     return tuple(_WORKSPACES[name] for name in sorted(_WORKSPACES))
 
 
-def add_token_source(source: TokenSource, *, label: SourceLabel | None = None) -> None:
+def add_token_source(source: Source, *, label: SourceLabel | None = None) -> None:
     """Ask `source(workspace name)` for a token when neither the code nor the environment gives one; sources
     are asked in the order added, and None passes to the next. `label(name)` says where the source looks."""
-    if all(source is not known for known, _ in _SOURCES):
-        _SOURCES.append((source, label or _named_source(source)))
+    _SOURCES.add(source, label)
 
 
 def workspace_token(workspace: SlackWorkspace) -> str:
@@ -140,21 +134,15 @@ def workspace_token(workspace: SlackWorkspace) -> str:
     if workspace.token is not None:
         return check_token(workspace.name, workspace.token, "the token given to register_workspace")
     variable = workspace.token_variable
-    found = os.environ.get(variable)
+    found = _SOURCES.find(workspace.name, variable, _failed(workspace.name))
     if found is not None:
-        return check_token(workspace.name, found, variable)
-    for source, label in _SOURCES:
-        where = label(workspace.name)
-        try:
-            found = source(workspace.name)
-        except Exception as error:
-            raise SlackTokenError(
-                f"Slack workspace {workspace.name}: {where} failed ({type(error).__name__})"
-            ) from None
-        if found is not None:
-            return check_token(workspace.name, found, where)
-    asked = ["the code (register_workspace's token=)", variable, *(label(workspace.name) for _, label in _SOURCES)]
+        return check_token(workspace.name, *found)
+    asked = ["the code (register_workspace's token=)", variable, *_SOURCES.asked(workspace.name)]
     return _no_token(workspace.name, asked)
+
+
+def _failed(name: str) -> Callable[[str, Exception], Exception]:
+    return lambda where, error: SlackTokenError(f"Slack workspace {name}: {where} failed ({type(error).__name__})")
 
 
 def check_token(name: str, token: object, where: str) -> str:
@@ -172,11 +160,6 @@ def check_token(name: str, token: object, where: str) -> str:
 def _no_token(name: str, asked: list[str]) -> NoReturn:
     places = ", ".join(asked[:-1]) + " nor " + asked[-1]
     raise SlackTokenError(f"Slack workspace {name} has no token: neither {places} holds one")
-
-
-def _named_source(source: TokenSource) -> SourceLabel:
-    name = f"the token source {getattr(source, '__qualname__', type(source).__name__)}"
-    return lambda _workspace: name
 
 
 def _shown(value: object) -> str:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -26,13 +25,9 @@ from typing import NoReturn
 from urllib.parse import urlsplit
 
 from outbox._internal.checks.provider_urls import MAX_URL_LENGTH, is_host
+from outbox._internal.config.credentials import Source, SourceLabel, Sources
 from outbox._internal.config.rates import Rate, parse_rate
 from outbox.errors import OutboxError
-
-# a function of an endpoint's name: its secret, or None
-SecretSource = Callable[[str], str | None]
-# a function of an endpoint's name: where a source looks, as an error names it ("the Prefect Secret block ...")
-SourceLabel = Callable[[str], str]
 
 SECRET_PREFIX = "whsec_"
 # the secrets one value may hold: the endpoint's, and while it is rotated the previous one too
@@ -46,7 +41,7 @@ _URL_CHARACTERS = re.compile(r"[A-Za-z0-9\-._~:/?#\[\]@!$&'()*+,;=%]+")
 _AUTHORITY = re.compile(r"(?:\[[0-9A-Fa-f:.]+\]|[^\[\]:@]+)(?::[0-9]{0,5})?")
 
 _ENDPOINTS: dict[str, WebhookEndpoint] = {}
-_SOURCES: list[tuple[SecretSource, SourceLabel]] = []
+_SOURCES = Sources("secret")
 
 
 class UnknownEndpoint(OutboxError, LookupError):
@@ -119,12 +114,11 @@ def registered_endpoints() -> tuple[WebhookEndpoint, ...]:
     return tuple(_ENDPOINTS[name] for name in sorted(_ENDPOINTS))
 
 
-def add_secret_source(source: SecretSource, *, label: SourceLabel | None = None) -> None:
+def add_secret_source(source: Source, *, label: SourceLabel | None = None) -> None:
     """Ask `source(endpoint name)` for a secret when neither the code nor the environment gives one; sources
     are asked in the order added, and None passes to the next. `label(endpoint name)` says where the source
     looks, for the error that names every place asked (default: `the secret source <its name>`)."""
-    if all(source is not known for known, _ in _SOURCES):
-        _SOURCES.append((source, label or _named_source(source)))
+    _SOURCES.add(source, label)
 
 
 def endpoint_secrets(endpoint: WebhookEndpoint) -> tuple[str, ...]:
@@ -133,21 +127,15 @@ def endpoint_secrets(endpoint: WebhookEndpoint) -> tuple[str, ...]:
     if endpoint.secret is not None:
         return check_secrets(endpoint.name, endpoint.secret, "the secret given to register_endpoint")
     variable = endpoint.secret_variable
-    found = os.environ.get(variable)
+    found = _SOURCES.find(endpoint.name, variable, _failed(endpoint.name))
     if found is not None:
-        return check_secrets(endpoint.name, found, variable)
-    for source, label in _SOURCES:
-        where = label(endpoint.name)
-        try:
-            found = source(endpoint.name)
-        except Exception as error:
-            raise WebhookSecretError(
-                f"webhook endpoint {endpoint.name}: {where} failed ({type(error).__name__})"
-            ) from None
-        if found is not None:
-            return check_secrets(endpoint.name, found, where)
-    asked = ["the code (register_endpoint's secret=)", variable, *(label(endpoint.name) for _, label in _SOURCES)]
+        return check_secrets(endpoint.name, *found)
+    asked = ["the code (register_endpoint's secret=)", variable, *_SOURCES.asked(endpoint.name)]
     return _no_secret(endpoint.name, asked)
+
+
+def _failed(name: str) -> Callable[[str, Exception], Exception]:
+    return lambda where, error: WebhookSecretError(f"webhook endpoint {name}: {where} failed ({type(error).__name__})")
 
 
 def _no_secret(name: str, asked: list[str]) -> NoReturn:
@@ -156,11 +144,6 @@ def _no_secret(name: str, asked: list[str]) -> NoReturn:
         f"webhook endpoint {name} has no secret: neither {places} holds one; put {SECRET_PREFIX} and the"
         " base64 of 24 to 64 random bytes in one of them"
     )
-
-
-def _named_source(source: SecretSource) -> SourceLabel:
-    name = f"the secret source {getattr(source, '__qualname__', type(source).__name__)}"
-    return lambda _endpoint: name
 
 
 def check_secrets(name: str, value: object, where: str) -> tuple[str, ...]:
