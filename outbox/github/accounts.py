@@ -18,7 +18,6 @@ registered. The URL is https, or http only to a loopback address (a token never 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NoReturn
 
@@ -148,16 +147,12 @@ def account_secret(account: GithubAccount) -> str:
     if account.secret is not None:
         return check_secret(account, account.secret, f"the {account.secret_kind} given to register_account")
     variable = account.secret_variable
-    found = _SOURCES.find(account.name, variable, _failed(account.name))
+    found = _SOURCES.find(account.name, variable, owner=f"GitHub account {account.name}", error=GithubSecretError)
     if found is not None:
         return check_secret(account, *found)
     given = "private_key=" if account.is_app else "token="
     asked = [f"the code (register_account's {given})", variable, *_SOURCES.asked(account.name)]
     return _no_secret(account, asked)
-
-
-def _failed(name: str) -> Callable[[str, Exception], Exception]:
-    return lambda where, error: GithubSecretError(f"GitHub account {name}: {where} failed ({type(error).__name__})")
 
 
 def _no_secret(account: GithubAccount, asked: list[str]) -> NoReturn:

@@ -21,7 +21,6 @@ registered with its own (`rate="60/min"`).
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NoReturn
 
@@ -122,15 +121,11 @@ def host_token(host: GitlabHost) -> str:
     if host.token is not None:
         return check_token(host.name, host.token, "the token given to register_host")
     variable = host.token_variable
-    found = _SOURCES.find(host.name, variable, _failed(host.name))
+    found = _SOURCES.find(host.name, variable, owner=f"GitLab host {host.name}", error=GitlabTokenError)
     if found is not None:
         return check_token(host.name, *found)
     asked = ["the code (register_host's token=)", variable, *_SOURCES.asked(host.name)]
     return _no_token(host.name, asked)
-
-
-def _failed(name: str) -> Callable[[str, Exception], Exception]:
-    return lambda where, error: GitlabTokenError(f"GitLab host {name}: {where} failed ({type(error).__name__})")
 
 
 def _no_token(name: str, asked: list[str]) -> NoReturn:

@@ -16,7 +16,6 @@ The destination is the workspace (`slack:<name>`): its `rate`, when given, holds
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NoReturn
 
@@ -134,15 +133,11 @@ def workspace_token(workspace: SlackWorkspace) -> str:
     if workspace.token is not None:
         return check_token(workspace.name, workspace.token, "the token given to register_workspace")
     variable = workspace.token_variable
-    found = _SOURCES.find(workspace.name, variable, _failed(workspace.name))
+    found = _SOURCES.find(workspace.name, variable, owner=f"Slack workspace {workspace.name}", error=SlackTokenError)
     if found is not None:
         return check_token(workspace.name, *found)
     asked = ["the code (register_workspace's token=)", variable, *_SOURCES.asked(workspace.name)]
     return _no_token(workspace.name, asked)
-
-
-def _failed(name: str) -> Callable[[str, Exception], Exception]:
-    return lambda where, error: SlackTokenError(f"Slack workspace {name}: {where} failed ({type(error).__name__})")
 
 
 def check_token(name: str, token: object, where: str) -> str:

@@ -19,7 +19,6 @@ from __future__ import annotations
 import base64
 import binascii
 import re
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NoReturn
 from urllib.parse import urlsplit
@@ -127,15 +126,11 @@ def endpoint_secrets(endpoint: WebhookEndpoint) -> tuple[str, ...]:
     if endpoint.secret is not None:
         return check_secrets(endpoint.name, endpoint.secret, "the secret given to register_endpoint")
     variable = endpoint.secret_variable
-    found = _SOURCES.find(endpoint.name, variable, _failed(endpoint.name))
+    found = _SOURCES.find(endpoint.name, variable, owner=f"webhook endpoint {endpoint.name}", error=WebhookSecretError)
     if found is not None:
         return check_secrets(endpoint.name, *found)
     asked = ["the code (register_endpoint's secret=)", variable, *_SOURCES.asked(endpoint.name)]
     return _no_secret(endpoint.name, asked)
-
-
-def _failed(name: str) -> Callable[[str, Exception], Exception]:
-    return lambda where, error: WebhookSecretError(f"webhook endpoint {name}: {where} failed ({type(error).__name__})")
 
 
 def _no_secret(name: str, asked: list[str]) -> NoReturn:

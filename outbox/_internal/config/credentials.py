@@ -2,11 +2,11 @@
 application added, in order. One rule for the webhook endpoints' secrets, the Slack workspaces' and GitLab hosts'
 tokens and the GitHub accounts' secrets, so that each looks, and says where it looked, the same way.
 
-    the owner's lookup (given in code? it checks that first) ─▶ Sources.find(name, variable, failed)
+    the owner's lookup (given in code? it checks that first) ─▶ Sources.find(name, variable, owner, error)
         the variable set ─▶ (its value, the variable's name)
         else each source added, in order: source(name) ─▶ (its value, its label), or None: the next one;
-             a source that raises ─▶ failed(label, error), the owner's error (it names the source and the
-             error's type, never its message, which may hold the credential)
+             a source that raises ─▶ error("<owner>: <its label> failed (<the exception's type>)"), never
+             the exception's message, which may hold the credential
         else None ─▶ the owner's error names every place asked: the code, the variable, asked(name)
 """
 
@@ -34,8 +34,11 @@ class Sources:
         if all(source is not known for known, _ in self._added):
             self._added.append((source, label or self._named(source)))
 
-    def find(self, name: str, variable: str, failed: Callable[[str, Exception], Exception]) -> tuple[str, str] | None:
-        """The credential of `name` and where it was found: the variable, else the first source that gives one."""
+    def find(
+        self, name: str, variable: str, *, owner: str, error: Callable[[str], Exception]
+    ) -> tuple[str, str] | None:
+        """The credential of `name` and where it was found: the variable, else the first source that gives one. A
+        source that raises is `error`, its line naming the `owner` (`Slack workspace acme`) and the source."""
         found = os.environ.get(variable)
         if found is not None:
             return found, variable
@@ -43,8 +46,8 @@ class Sources:
             where = label(name)
             try:
                 found = source(name)
-            except Exception as error:
-                raise failed(where, error) from None
+            except Exception as failed:
+                raise error(f"{owner}: {where} failed ({type(failed).__name__})") from None
             if found is not None:
                 return found, where
         return None
